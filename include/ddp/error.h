@@ -1,0 +1,61 @@
+// ddp's error policy, in one place (see docs/errors.md).
+//
+// Every failure that ddp detects is thrown as an exception derived from
+// ddp::Error (itself a std::runtime_error). Nothing is reported through return
+// codes, and nothing is swallowed. Each message names
+//   - the thing at fault: the flag, environment variable, option field,
+//     parameter name, rank, file or address;
+//   - what was expected and what was found;
+//   - a way out ("set MASTER_PORT", "pass find_unused_parameters=true", ...).
+// Errors raised by libtorch or Gloo inside a collective are caught at the
+// boundary and rethrown as one of the types below, with the collective, its
+// sequence number and the rank prepended; the original text is kept.
+//
+// Thread safety: the exception types are plain values.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace ddp {
+
+// Base class of every exception ddp throws.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Bad input from the user: a flag, an environment variable, an option, a file
+// that is missing or corrupt. Raised before any collective is started where
+// possible, on the rank that saw the bad input.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+// A collective, rendezvous or store operation did not complete within its
+// timeout. The message names the operation, the timeout in seconds and, where
+// known, the ranks that had not arrived. After a timeout the process group
+// is unusable (as in PyTorch): destroy it and exit or re-initialise.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The ranks disagree: different models (parameter count, name, shape, dtype),
+// different collectives in the same step, a parameter that got no gradient
+// on some ranks. Raised on every rank involved, each naming the first
+// difference and the ranks' values.
+class MismatchError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The communication backend failed: a peer closed its connection (crashed or
+// was killed), a transport error, a backend that is not compiled in.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace ddp

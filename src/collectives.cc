@@ -1,0 +1,251 @@
+#include "ddp/collectives.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "ddp/error.h"
+#include "process_group_impl.h"
+
+namespace ddp {
+namespace {
+
+// Note [Empty tensors]: Gloo's allgather divides by the element count and
+// dies with SIGFPE on zero-element tensors. Every rank passes the same shape
+// (a documented precondition), so all ranks skip the exchange together:
+// all_gather, gather and scatter of empty tensors complete locally.
+
+using detail::start_work;
+using std::chrono::milliseconds;
+
+void check_tensor(const at::Tensor& t, const char* op, const char* what) {
+  if (!t.defined()) {
+    throw InvalidArgument(fmt::format("{}: {} is an undefined tensor", op, what));
+  }
+  if (!t.is_contiguous()) {
+    throw InvalidArgument(fmt::format(
+        "{}: {} must be contiguous (call .contiguous() first)", op, what));
+  }
+}
+
+void check_root(int root, const char* op, const char* name,
+                const CollectiveOptions& options) {
+  int size = detail::resolve_group(options).size();
+  if (root < 0 || root >= size) {
+    throw InvalidArgument(fmt::format("{}: {}={} is not a rank of the group (size {})",
+                                      op, name, root, size));
+  }
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM:
+    case ReduceOp::AVG: return c10d::ReduceOp::SUM;
+    case ReduceOp::MIN: return c10d::ReduceOp::MIN;
+    case ReduceOp::MAX: return c10d::ReduceOp::MAX;
+    case ReduceOp::PRODUCT: return c10d::ReduceOp::PRODUCT;
+  }
+  throw InvalidArgument("unknown ReduceOp");
+}
+
+void check_avg(const at::Tensor& t, ReduceOp op, const char* name) {
+  if (op == ReduceOp::AVG && !at::isFloatingType(t.scalar_type()) &&
+      !at::isComplexType(t.scalar_type())) {
+    throw InvalidArgument(fmt::format(
+        "{}: ReduceOp::AVG needs a floating-point tensor, got {}; use SUM "
+        "and divide, or convert first",
+        name, c10::toString(t.scalar_type())));
+  }
+}
+
+Work wrap(std::shared_ptr<detail::WorkImpl> w) { return Work(std::move(w)); }
+
+}  // namespace
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return "SUM";
+    case ReduceOp::AVG: return "AVG";
+    case ReduceOp::MIN: return "MIN";
+    case ReduceOp::MAX: return "MAX";
+    case ReduceOp::PRODUCT: return "PRODUCT";
+  }
+  return "?";
+}
+
+Work all_reduce_async(at::Tensor& tensor, ReduceOp op,
+                      const CollectiveOptions& options) {
+  check_tensor(tensor, "all_reduce", "tensor");
+  check_avg(tensor, op, "all_reduce");
+  std::vector<at::Tensor> tensors{tensor};
+  auto w = start_work(options, "all_reduce", [&](compat::Backend& b, milliseconds t) {
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    o.timeout = t;
+    return b.allreduce(tensors, o);
+  });
+  if (op == ReduceOp::AVG) {
+    int size = w->group->size();
+    at::Tensor out = tensor;
+    w->then = [out, size]() mutable { out.div_(size); };
+  }
+  return wrap(std::move(w));
+}
+
+void all_reduce(at::Tensor& tensor, ReduceOp op, const CollectiveOptions& options) {
+  all_reduce_async(tensor, op, options).wait();
+}
+
+Work broadcast_async(at::Tensor& tensor, int src, const CollectiveOptions& options) {
+  check_tensor(tensor, "broadcast", "tensor");
+  check_root(src, "broadcast", "src", options);
+  std::vector<at::Tensor> tensors{tensor};
+  return wrap(start_work(options, "broadcast", [&](compat::Backend& b, milliseconds t) {
+    c10d::BroadcastOptions o;
+    o.rootRank = src;
+    o.timeout = t;
+    return b.broadcast(tensors, o);
+  }));
+}
+
+void broadcast(at::Tensor& tensor, int src, const CollectiveOptions& options) {
+  broadcast_async(tensor, src, options).wait();
+}
+
+std::vector<at::Tensor> all_gather(const at::Tensor& tensor,
+                                   const CollectiveOptions& options) {
+  check_tensor(tensor, "all_gather", "tensor");
+  int size = detail::resolve_group(options).size();
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int i = 0; i < size; ++i) outputs[0].push_back(at::empty_like(tensor));
+  if (tensor.numel() == 0) return outputs[0];  // Note [Empty tensors]
+  std::vector<at::Tensor> inputs{tensor};
+  wrap(start_work(options, "all_gather", [&](compat::Backend& b, milliseconds t) {
+    c10d::AllgatherOptions o;
+    o.timeout = t;
+    return b.allgather(outputs, inputs, o);
+  })).wait();
+  return outputs[0];
+}
+
+std::vector<at::Tensor> gather(const at::Tensor& tensor, int dst,
+                               const CollectiveOptions& options) {
+  check_tensor(tensor, "gather", "tensor");
+  check_root(dst, "gather", "dst", options);
+  const ProcessGroup& g = detail::resolve_group(options);
+  std::vector<std::vector<at::Tensor>> outputs;
+  if (g.rank() == dst) {
+    outputs.emplace_back();
+    for (int i = 0; i < g.size(); ++i) outputs[0].push_back(at::empty_like(tensor));
+  }
+  if (tensor.numel() == 0) return outputs.empty() ? std::vector<at::Tensor>{} : outputs[0];
+  std::vector<at::Tensor> inputs{tensor};
+  wrap(start_work(options, "gather", [&](compat::Backend& b, milliseconds t) {
+    c10d::GatherOptions o;
+    o.rootRank = dst;
+    o.timeout = t;
+    return b.gather(outputs, inputs, o);
+  })).wait();
+  return outputs.empty() ? std::vector<at::Tensor>{} : outputs[0];
+}
+
+void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src,
+             const CollectiveOptions& options) {
+  check_tensor(output, "scatter", "output");
+  check_root(src, "scatter", "src", options);
+  const ProcessGroup& g = detail::resolve_group(options);
+  std::vector<std::vector<at::Tensor>> in;
+  if (g.rank() == src) {
+    if (static_cast<int>(inputs.size()) != g.size()) {
+      throw InvalidArgument(fmt::format(
+          "scatter: rank {} (src) must pass {} inputs, one per rank; got {}",
+          src, g.size(), inputs.size()));
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_tensor(inputs[i], "scatter", "inputs[i]");
+      if (inputs[i].sizes() != output.sizes() ||
+          inputs[i].scalar_type() != output.scalar_type()) {
+        throw InvalidArgument(fmt::format(
+            "scatter: inputs[{}] has shape {} {} but output has {} {}", i,
+            fmt::join(inputs[i].sizes(), "x"), c10::toString(inputs[i].scalar_type()),
+            fmt::join(output.sizes(), "x"), c10::toString(output.scalar_type())));
+      }
+    }
+    in.push_back(inputs);
+  }
+  if (output.numel() == 0) return;  // Note [Empty tensors]
+  std::vector<at::Tensor> outputs{output};
+  wrap(start_work(options, "scatter", [&](compat::Backend& b, milliseconds t) {
+    c10d::ScatterOptions o;
+    o.rootRank = src;
+    o.timeout = t;
+    return b.scatter(outputs, in, o);
+  })).wait();
+}
+
+void reduce(at::Tensor& tensor, int dst, ReduceOp op,
+            const CollectiveOptions& options) {
+  check_tensor(tensor, "reduce", "tensor");
+  check_root(dst, "reduce", "dst", options);
+  check_avg(tensor, op, "reduce");
+  std::vector<at::Tensor> tensors{tensor};
+  auto w = start_work(options, "reduce", [&](compat::Backend& b, milliseconds t) {
+    c10d::ReduceOptions o;
+    o.reduceOp = to_c10d(op);
+    o.rootRank = dst;
+    o.timeout = t;
+    return b.reduce(tensors, o);
+  });
+  if (op == ReduceOp::AVG && w->group->rank() == dst) {
+    int size = w->group->size();
+    at::Tensor out = tensor;
+    w->then = [out, size]() mutable { out.div_(size); };
+  }
+  wrap(std::move(w)).wait();
+}
+
+void barrier(const CollectiveOptions& options) {
+  wrap(start_work(options, "barrier", [&](compat::Backend& b, milliseconds t) {
+    c10d::BarrierOptions o;
+    o.timeout = t;
+    return b.barrier(o);
+  })).wait();
+}
+
+std::vector<std::string> all_gather_string(const std::string& value,
+                                           const CollectiveOptions& options) {
+  at::Tensor len = at::zeros({1}, at::kLong);
+  len.data_ptr<int64_t>()[0] = static_cast<int64_t>(value.size());
+  std::vector<at::Tensor> lens = all_gather(len, options);
+  int64_t max_len = 1;
+  for (const auto& l : lens) max_len = std::max(max_len, l.data_ptr<int64_t>()[0]);
+  at::Tensor bytes = at::zeros({max_len}, at::kByte);
+  std::copy(value.begin(), value.end(), bytes.data_ptr<uint8_t>());
+  std::vector<at::Tensor> all = all_gather(bytes, options);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const char* p = reinterpret_cast<const char*>(all[i].data_ptr<uint8_t>());
+    out.emplace_back(p, static_cast<size_t>(lens[i].data_ptr<int64_t>()[0]));
+  }
+  return out;
+}
+
+std::string broadcast_string(const std::string& value, int src,
+                             const CollectiveOptions& options) {
+  at::Tensor len = at::zeros({1}, at::kLong);
+  len.data_ptr<int64_t>()[0] = static_cast<int64_t>(value.size());
+  broadcast(len, src, options);
+  int64_t n = len.data_ptr<int64_t>()[0];
+  at::Tensor bytes = at::zeros({std::max<int64_t>(n, 1)}, at::kByte);
+  if (detail::resolve_group(options).rank() == src) {
+    std::copy(value.begin(), value.end(), bytes.data_ptr<uint8_t>());
+  }
+  broadcast(bytes, src, options);
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()),
+                     static_cast<size_t>(n));
+}
+
+}  // namespace ddp

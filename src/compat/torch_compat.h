@@ -1,0 +1,58 @@
+// The one place that knows which libtorch ddp is built against.
+//
+// libtorch 1.13 (Debian 12) and 2.x differ in c10d's class layout: in 1.13
+// ProcessGroupGloo/ProcessGroupNCCL derive from c10d::ProcessGroup; from 2.0
+// they derive from c10d::Backend, and a c10d::ProcessGroup dispatches to
+// backends per device type. ddp drives the backend object directly in both
+// cases: both classes expose the same virtual collectives (allreduce,
+// broadcast, allgather, gather, scatter, reduce, barrier) taking the same
+// option structs and returning c10::intrusive_ptr<c10d::Work>.
+// Everything version-dependent goes here; no other file tests
+// TORCH_VERSION_*.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/version.h>
+
+#include <chrono>
+#include <string>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+
+namespace ddp::compat {
+
+#if TORCH_VERSION_MAJOR >= 2
+using Backend = c10d::Backend;
+#else
+using Backend = c10d::ProcessGroup;
+#endif
+
+// "1.13.1" etc., for messages and benchmark records.
+std::string torch_version();
+
+// Whether this libtorch was built with CUDA / with c10d's NCCL backend.
+bool cuda_compiled();
+bool nccl_compiled();
+
+// A Gloo backend bound to `address` (an IP address or host name of this
+// machine, or "if:<name>" for a network interface), with `threads` worker
+// threads and `timeout` on every operation.
+c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
+                                      int rank, int size,
+                                      const std::string& address, int threads,
+                                      std::chrono::milliseconds timeout);
+
+// A NCCL backend; throws ddp::CommError naming the missing support when this
+// libtorch has no NCCL.
+c10::intrusive_ptr<Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
+                                      int rank, int size,
+                                      std::chrono::milliseconds timeout);
+
+// The text of an exception thrown by libtorch, without c10's backtrace.
+std::string what_without_backtrace(const std::exception& e);
+
+}  // namespace ddp::compat

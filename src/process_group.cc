@@ -1,0 +1,126 @@
+#include "ddp/process_group.h"
+
+#include <fmt/format.h>
+
+#include <mutex>
+
+#include "ddp/error.h"
+#include "process_group_impl.h"
+#include "rendezvous.h"
+
+namespace ddp {
+namespace {
+
+std::mutex g_default_mu;
+ProcessGroupPtr g_default;                 // guarded by g_default_mu
+thread_local ProcessGroupPtr t_override;   // DefaultGroupGuard's group
+
+}  // namespace
+
+namespace detail {
+
+std::string ProcessGroupImpl::describe(const std::string& op,
+                                       uint64_t seq) const {
+  return fmt::format("{} #{} on rank {} of {} ({})", op, seq, rank, size,
+                     backend_name);
+}
+
+}  // namespace detail
+
+ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl)
+    : impl_(std::move(impl)) {}
+ProcessGroup::~ProcessGroup() = default;
+
+int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::size() const { return impl_->size; }
+const std::string& ProcessGroup::backend() const { return impl_->backend_name; }
+std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
+const std::string& ProcessGroup::address() const { return impl_->address; }
+
+ProcessGroupPtr new_process_group(const InitOptions& options) {
+  if (options.backend != "gloo" && options.backend != "nccl") {
+    throw InvalidArgument(fmt::format(
+        "unknown backend '{}': expected 'gloo' or 'nccl'", options.backend));
+  }
+  if (options.backend == "nccl" && !compat::nccl_compiled()) {
+    compat::make_nccl({}, 0, 1, options.timeout);  // throws, naming why
+  }
+  if (options.gloo_threads < 1) {
+    throw InvalidArgument(fmt::format(
+        "InitOptions::gloo_threads must be >= 1 (got {})", options.gloo_threads));
+  }
+  detail::Rendezvous r = detail::rendezvous(options);
+  auto impl = std::make_unique<detail::ProcessGroupImpl>();
+  impl->rank = r.rank;
+  impl->size = r.size;
+  impl->backend_name = options.backend;
+  impl->address = r.address;
+  impl->timeout = options.timeout;
+  impl->store = r.store;
+  try {
+    impl->backend =
+        options.backend == "nccl"
+            ? compat::make_nccl(r.store, r.rank, r.size, options.timeout)
+            : compat::make_gloo(r.store, r.rank, r.size, r.gloo_address,
+                                options.gloo_threads, options.timeout);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format(
+        "rank {} of {} could not connect the {} backend (rendezvous {}, local "
+        "address '{}'): {}. If the ranks are on different machines, set "
+        "GLOO_SOCKET_IFNAME to the network interface they share",
+        r.rank, r.size, options.backend, r.address, r.gloo_address,
+        compat::what_without_backtrace(e)));
+  }
+  return std::make_shared<ProcessGroup>(std::move(impl));
+}
+
+ProcessGroupPtr init_process_group(const InitOptions& options) {
+  {
+    std::lock_guard<std::mutex> lock(g_default_mu);
+    if (g_default) {
+      throw InvalidArgument(
+          "init_process_group() called twice: the default process group "
+          "exists; call destroy_process_group() first");
+    }
+  }
+  ProcessGroupPtr group = new_process_group(options);
+  std::lock_guard<std::mutex> lock(g_default_mu);
+  g_default = group;
+  return group;
+}
+
+bool is_initialized() {
+  if (t_override) return true;
+  std::lock_guard<std::mutex> lock(g_default_mu);
+  return g_default != nullptr;
+}
+
+void destroy_process_group() {
+  std::lock_guard<std::mutex> lock(g_default_mu);
+  g_default.reset();
+}
+
+ProcessGroupPtr default_group() {
+  if (t_override) return t_override;
+  std::lock_guard<std::mutex> lock(g_default_mu);
+  if (!g_default) {
+    throw InvalidArgument(
+        "no default process group: call ddp::init_process_group() first");
+  }
+  return g_default;
+}
+
+int get_rank() { return default_group()->rank(); }
+int get_world_size() { return default_group()->size(); }
+int get_local_rank() { return read_launch_env().local_rank; }
+bool is_main_process() { return !is_initialized() || get_rank() == 0; }
+
+DefaultGroupGuard::DefaultGroupGuard(ProcessGroupPtr group)
+    : previous_(std::move(t_override)) {
+  t_override = std::move(group);
+}
+DefaultGroupGuard::~DefaultGroupGuard() { t_override = std::move(previous_); }
+
+}  // namespace ddp

@@ -1,0 +1,65 @@
+// Internal: what a ddp::ProcessGroup holds, and the helpers the collectives
+// and the reducer share to start c10d operations and translate their errors.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "compat/torch_compat.h"
+#include "ddp/collectives.h"
+#include "ddp/process_group.h"
+
+namespace ddp::detail {
+
+struct ProcessGroupImpl {
+  int rank = 0;
+  int size = 1;
+  std::string backend_name;
+  std::string address;  // rendezvous address, for messages
+  std::chrono::milliseconds timeout{kDefaultTimeout};
+  c10::intrusive_ptr<c10d::Store> store;  // the group's (prefixed) store
+  c10::intrusive_ptr<compat::Backend> backend;
+  // Number of collectives started on this group; each gets the next one.
+  std::atomic<uint64_t> next_seq{0};
+
+  // "all_reduce #12 on rank 1 of 2 (gloo)".
+  std::string describe(const std::string& op, uint64_t seq) const;
+};
+
+// State of one started operation (see ddp::Work).
+struct WorkImpl {
+  ProcessGroupPtr group;                // kept alive while the work runs
+  c10::intrusive_ptr<c10d::Work> work;  // null: already complete
+  std::string what;                     // describe() of the operation
+  std::chrono::milliseconds timeout{0};
+  std::function<void()> then;  // runs once after success (e.g. AVG's divide)
+
+  std::mutex mu;
+  bool finished = false;          // guarded by mu
+  std::atomic<bool> done{false};  // finished, readable without mu
+  std::exception_ptr error;
+
+  void wait();
+};
+
+// Starts a c10d operation: resolves the group and timeout from `options`,
+// numbers the operation, runs `start(backend, timeout)` and wraps the result.
+// `start`'s exceptions are translated like wait()'s.
+std::shared_ptr<WorkImpl> start_work(
+    const CollectiveOptions& options, const std::string& op,
+    const std::function<c10::intrusive_ptr<c10d::Work>(
+        compat::Backend&, std::chrono::milliseconds)>& start);
+
+// The group `options` names, or the default group.
+ProcessGroup& resolve_group(const CollectiveOptions& options);
+
+// Rethrows the current exception (inside a catch block) as TimeoutError or
+// CommError with `what` prepended. ddp::Error passes through unchanged.
+[[noreturn]] void rethrow_as_comm_error(const std::string& what);
+
+}  // namespace ddp::detail

@@ -1,0 +1,31 @@
+// Internal: turns InitOptions into a store that every rank of the group
+// shares, and checks that exactly the expected ranks arrived.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <string>
+
+#include "ddp/process_group.h"
+
+namespace ddp::detail {
+
+struct Rendezvous {
+  c10::intrusive_ptr<c10d::Store> store;  // prefixed for this group
+  int rank = 0;
+  int size = 1;
+  std::string address;       // for messages: "127.0.0.1:29500", a path, ...
+  std::string gloo_address;  // see InitOptions::gloo_address; "" = default
+};
+
+// Parses options.init_method, creates or connects to the store, and waits
+// until options' world size of distinct ranks have arrived (see
+// process_group.h for the errors).
+Rendezvous rendezvous(const InitOptions& options);
+
+// The local IP address whose route reaches `host` (the address other
+// machines can reach this one on); "127.0.0.1" for a loopback host. Throws
+// InvalidArgument naming the host when it does not resolve.
+std::string local_address_towards(const std::string& host);
+
+}  // namespace ddp::detail
