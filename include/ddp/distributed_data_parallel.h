@@ -1,0 +1,296 @@
+// DistributedDataParallel: data-parallel training of any libtorch module.
+//
+// Wrap the model after init_process_group(); train as usual. Every rank runs
+// the same model on its own part of the data; during backward() the
+// gradients are averaged across ranks in buckets, each bucket's all_reduce
+// starting as soon as its gradients are ready, so communication overlaps the
+// rest of the backward pass. When backward() returns, every parameter's
+// .grad() is the average over ranks, and an optimizer step keeps the
+// replicas identical. W ranks with batch B train exactly like one process
+// with batch W*B (up to floating-point rounding).
+//
+//   ddp::init_process_group();
+//   Net net;                                          // any ModuleHolder
+//   ddp::DistributedDataParallel<Net> model(net);     // broadcasts rank 0's
+//   torch::optim::SGD opt(model.parameters(), 0.1);   //   weights
+//   for (auto& [x, y] : batches) {
+//     opt.zero_grad();
+//     auto loss = torch::nll_loss(model(x), y);
+//     loss.backward();                                // averaged gradients
+//     opt.step();
+//   }
+//
+// Follows torch.nn.parallel.DistributedDataParallel (PyTorch 1.13/2.x), with
+// these differences:
+//   - a parameter that got no gradient is reported by name on every rank,
+//     always (PyTorch: only with TORCH_DISTRIBUTED_DEBUG), and never hangs;
+//   - with find_unused_parameters, parameters reachable from the outputs but
+//     not from the loss are handled too (PyTorch raises);
+//   - the model is not a submodule of the wrapper: module() is the model and
+//     its parameter names carry no "module." prefix.
+//
+// Threading: one DistributedDataParallel is driven by one thread at a time
+// (forward, then backward, which may run hooks on autograd's threads).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ddp/process_group.h"
+
+namespace ddp {
+
+struct DistributedDataParallelOptions {
+  // The group whose ranks hold the replicas; null: default_group().
+  ProcessGroupPtr process_group;
+  // Broadcast rank 0's buffers (BatchNorm running statistics) before each
+  // forward in training (PyTorch: when the previous forward synchronised
+  // gradients; see docs/ddp.md).
+  bool broadcast_buffers = true;
+  // Bucket capacity in MiB (2^20 bytes); a single larger parameter gets a
+  // bucket of its own. Must be > 0. PyTorch: 25.
+  double bucket_cap_mb = 25.0;
+  // Capacity of the first bucket in MiB, small so the first all_reduce
+  // starts early. PyTorch: 1 (dist._DEFAULT_FIRST_BUCKET_BYTES).
+  double first_bucket_cap_mb = 1.0;
+  // Walk the autograd graph from the forward outputs to find parameters that
+  // will get no gradient, and reduce them as zeros (see the header comment).
+  // Costs one graph traversal per iteration.
+  bool find_unused_parameters = false;
+  // Make each .grad() a view into its bucket: saves one copy per parameter
+  // and the gradients' memory. Do not assign .grad() yourself then.
+  bool gradient_as_bucket_view = false;
+  // Not supported yet: true throws InvalidArgument at construction.
+  bool static_graph = false;
+  // Verify the model across ranks and broadcast rank 0's parameters and
+  // buffers at construction. false skips both (PyTorch 2.x: init_sync).
+  bool init_sync = true;
+  // CUDA module: the one device it lives on ({cuda:local_rank}); empty for a
+  // CPU module or to use the parameters' device. More than one device
+  // throws (as in PyTorch, single-device modules only).
+  std::vector<c10::Device> device_ids;
+  // Bound on every collective the wrapper issues; unset: the group's.
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+// Runtime statistics, like PyTorch's DDP logging data. Times in seconds,
+// averaged over the synchronised iterations since construction (the first
+// iteration excluded once there are more, as it includes set-up).
+struct DdpStats {
+  int64_t iterations = 0;               // synchronised backward passes
+  int world_size = 1;
+  std::vector<int64_t> bucket_bytes;    // per bucket, gradients only
+  std::vector<int64_t> bucket_params;   // number of parameters per bucket
+  int64_t parameters = 0;               // reduced (requires_grad) parameters
+  int64_t gradient_bytes = 0;           // bytes all-reduced per iteration
+  bool buckets_rebuilt = false;         // rebuilt in gradient-ready order
+  int64_t unused_parameters_last = 0;   // unused in the last iteration
+  double forward_s = 0;                 // forward wall time
+  double backward_compute_s = 0;        // end of forward -> last grad ready
+  double backward_comm_s = 0;           // first bucket launch -> all done
+  double exposed_comm_s = 0;            // waiting for buckets after the last
+                                        // gradient (communication not hidden)
+  double buffer_broadcast_s = 0;        // broadcast_buffers per forward
+};
+
+// A one-line summary of DdpStats for logs.
+std::string to_string(const DdpStats& stats);
+
+// Customization point for find_unused_parameters: the tensors of a forward
+// output. Provided for at::Tensor, std::vector, std::tuple, std::pair,
+// std::map/unordered_map values and std::optional. For your own output
+// struct define, in its namespace,
+//   void collect_tensors(const MyOutput& out, std::vector<at::Tensor>& into);
+inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& into) {
+  into.push_back(t);
+}
+template <typename T>
+void collect_tensors(const std::vector<T>& v, std::vector<at::Tensor>& into);
+template <typename... T>
+void collect_tensors(const std::tuple<T...>& t, std::vector<at::Tensor>& into);
+template <typename A, typename B>
+void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& into);
+template <typename K, typename V>
+void collect_tensors(const std::map<K, V>& m, std::vector<at::Tensor>& into);
+template <typename K, typename V>
+void collect_tensors(const std::unordered_map<K, V>& m, std::vector<at::Tensor>& into);
+template <typename T>
+void collect_tensors(const std::optional<T>& o, std::vector<at::Tensor>& into);
+
+namespace detail {
+
+template <typename T, typename = void>
+struct has_collect_tensors : std::false_type {};
+template <typename T>
+struct has_collect_tensors<T, std::void_t<decltype(collect_tensors(
+                                  std::declval<const T&>(),
+                                  std::declval<std::vector<at::Tensor>&>()))>>
+    : std::true_type {};
+
+// Collects when possible; returns false for output types it cannot see into.
+template <typename T>
+bool try_collect_tensors(const T& value, std::vector<at::Tensor>& into) {
+  if constexpr (has_collect_tensors<T>::value) {
+    collect_tensors(value, into);
+    return true;
+  } else {
+    return std::is_arithmetic_v<T>;
+  }
+}
+
+class DdpCore;
+
+// The non-template machinery behind DistributedDataParallel (src/).
+std::shared_ptr<DdpCore> make_ddp_core(std::shared_ptr<torch::nn::Module> module,
+                                       const DistributedDataParallelOptions& options);
+void pre_forward(DdpCore& core);
+// outputs_known: false when the output type's tensors could not be listed.
+void post_forward(DdpCore& core, const std::vector<at::Tensor>& outputs,
+                  bool outputs_known);
+bool wants_outputs(const DdpCore& core);
+void set_grad_sync(DdpCore& core, bool enabled);
+bool grad_sync(const DdpCore& core);
+DdpStats stats(const DdpCore& core);
+
+template <typename M>
+std::shared_ptr<torch::nn::Module> module_ptr(const M& m) {
+  if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator, M>) {
+    return m.ptr();  // a ModuleHolder
+  } else {
+    return m;  // a std::shared_ptr<SomeModule>
+  }
+}
+
+}  // namespace detail
+
+template <typename T>
+void collect_tensors(const std::vector<T>& v, std::vector<at::Tensor>& into) {
+  for (const auto& x : v) detail::try_collect_tensors(x, into);
+}
+template <typename... T>
+void collect_tensors(const std::tuple<T...>& t, std::vector<at::Tensor>& into) {
+  std::apply([&](const auto&... x) { (detail::try_collect_tensors(x, into), ...); }, t);
+}
+template <typename A, typename B>
+void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& into) {
+  detail::try_collect_tensors(p.first, into);
+  detail::try_collect_tensors(p.second, into);
+}
+template <typename K, typename V>
+void collect_tensors(const std::map<K, V>& m, std::vector<at::Tensor>& into) {
+  for (const auto& kv : m) detail::try_collect_tensors(kv.second, into);
+}
+template <typename K, typename V>
+void collect_tensors(const std::unordered_map<K, V>& m, std::vector<at::Tensor>& into) {
+  for (const auto& kv : m) detail::try_collect_tensors(kv.second, into);
+}
+template <typename T>
+void collect_tensors(const std::optional<T>& o, std::vector<at::Tensor>& into) {
+  if (o) detail::try_collect_tensors(*o, into);
+}
+
+// Scope guard returned by DistributedDataParallel::no_sync(): while it lives,
+// backward() accumulates gradients locally without communication; the first
+// backward() after it ends averages the accumulated sums. K micro-batches of
+// B with no_sync on the first K-1 equal one step of K*B.
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(std::shared_ptr<detail::DdpCore> core);
+  ~NoSyncGuard();
+  NoSyncGuard(NoSyncGuard&& other) noexcept;
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+ private:
+  std::shared_ptr<detail::DdpCore> core_;
+  bool previous_ = true;
+};
+
+// ModuleType: a ModuleHolder (e.g. `Net` from TORCH_MODULE(Net)) or a
+// std::shared_ptr to a module class; it must have a forward().
+//
+// Construction is a collective: every rank of the group must construct its
+// wrapper at the same point, with the same model (same parameter names,
+// shapes and dtypes, in the same registration order). It throws
+//   MismatchError    on every rank when the models differ, naming the first
+//                    differing parameter and both ranks' shapes;
+//   InvalidArgument  for bad options (bucket sizes <= 0, static_graph,
+//                    several device_ids, parameters on several devices);
+//   TimeoutError / CommError as the collectives (collectives.h).
+// backward() throws InvalidArgument on every rank, naming each parameter,
+// when parameters got no gradient and find_unused_parameters is false, and
+// when backward() runs twice for one forward.
+template <typename ModuleType>
+class DistributedDataParallel {
+ public:
+  using Options = DistributedDataParallelOptions;
+
+  explicit DistributedDataParallel(ModuleType module, Options options = {})
+      : module_(std::move(module)),
+        core_(detail::make_ddp_core(detail::module_ptr(module_), options)) {}
+
+  // Runs module()->forward(args...) with ddp's bookkeeping around it:
+  // buffer broadcast before, unused-parameter search after. Same arguments
+  // and return type as the module's forward.
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    detail::pre_forward(*core_);
+    auto out = module_->forward(std::forward<Args>(args)...);
+    std::vector<at::Tensor> tensors;
+    bool known = true;
+    if (detail::wants_outputs(*core_)) {
+      known = detail::try_collect_tensors(out, tensors);
+    }
+    detail::post_forward(*core_, tensors, known);
+    return out;
+  }
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  // The wrapped model (shared with the caller, not copied).
+  ModuleType& module() { return module_; }
+  const ModuleType& module() const { return module_; }
+
+  // Pass-throughs to the model, for optimizers and state handling.
+  std::vector<at::Tensor> parameters(bool recurse = true) const {
+    return detail::module_ptr(module_)->parameters(recurse);
+  }
+  torch::OrderedDict<std::string, at::Tensor> named_parameters(bool recurse = true) const {
+    return detail::module_ptr(module_)->named_parameters(recurse);
+  }
+  torch::OrderedDict<std::string, at::Tensor> named_buffers(bool recurse = true) const {
+    return detail::module_ptr(module_)->named_buffers(recurse);
+  }
+  void train(bool on = true) { detail::module_ptr(module_)->train(on); }
+  void eval() { train(false); }
+  bool is_training() const { return detail::module_ptr(module_)->is_training(); }
+
+  // Gradient accumulation without communication; see NoSyncGuard.
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(core_); }
+
+  DdpStats stats() const { return detail::stats(*core_); }
+
+  // For ddp's own extensions (join, comm hooks).
+  detail::DdpCore& core() { return *core_; }
+
+ private:
+  ModuleType module_;
+  std::shared_ptr<detail::DdpCore> core_;
+};
+
+}  // namespace ddp

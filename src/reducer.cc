@@ -1,0 +1,286 @@
+// Reducer: the per-iteration protocol of Note [Reducer protocol] (reducer.h).
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mul.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <iostream>
+#include <unordered_set>
+
+#include "ddp/error.h"
+#include "process_group_impl.h"
+#include "reducer_state.h"
+
+namespace ddp::detail {
+namespace {
+
+double since(std::chrono::steady_clock::time_point t0,
+             std::chrono::steady_clock::time_point t1) {
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
+}  // namespace
+
+void Reducer::reset_iteration() {
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (Bucket& b : buckets_) {
+    b.pending = b.params.size();
+    std::fill(b.produced.begin(), b.produced.end(), 0.0f);
+    b.work = Work();
+  }
+  for (Param& p : params_) p.saved_grad = at::Tensor();
+  next_launch_ = 0;
+  first_hook_seen_ = false;
+  unreachable_.clear();
+  timing_->launched = false;
+}
+
+void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs,
+                                   bool outputs_known) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (expect_hooks_ && first_hook_seen_) {
+    // Hooks fired but the callback never ran: backward() threw midway.
+    throw InvalidArgument(
+        "DistributedDataParallel: the previous backward() did not finish (it "
+        "threw part-way), so gradient buckets were left half-reduced and the "
+        "ranks are out of step. Destroy the process group and restart (or "
+        "resume from a checkpoint)");
+  }
+  reset_iteration();
+  if (options_.find_unused_parameters) {
+    if (!outputs_known) {
+      throw InvalidArgument(
+          "DistributedDataParallel(find_unused_parameters=true) cannot list "
+          "the tensors of this forward's output type: define "
+          "`void collect_tensors(const YourOutput&, std::vector<at::Tensor>&)` "
+          "in your output type's namespace");
+    }
+    unreachable_ = unreachable_from(outputs);
+  }
+  expect_hooks_ = true;
+  finalized_ = false;
+  timing_->backward_start = Timing::Clock::now();
+}
+
+void Reducer::forward_without_sync() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!(expect_hooks_ && first_hook_seen_)) expect_hooks_ = false;
+  finalized_ = false;
+}
+
+std::vector<size_t> Reducer::unreachable_from(
+    const std::vector<at::Tensor>& outputs) const {
+  std::unordered_set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> stack;
+  auto visit = [&](torch::autograd::Node* n) {
+    if (n && seen.insert(n).second) stack.push_back(n);
+  };
+  for (const at::Tensor& t : outputs) {
+    if (!t.defined() || !t.requires_grad()) continue;
+    if (t.grad_fn()) {
+      visit(t.grad_fn().get());
+    } else {
+      visit(torch::autograd::impl::try_get_grad_accumulator(t).get());
+    }
+  }
+  while (!stack.empty()) {
+    torch::autograd::Node* n = stack.back();
+    stack.pop_back();
+    for (const auto& edge : n->next_edges()) visit(edge.function.get());
+  }
+  std::vector<size_t> unreachable;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!seen.count(params_[i].grad_accumulator.get())) unreachable.push_back(i);
+  }
+  return unreachable;
+}
+
+void Reducer::autograd_hook(size_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!expect_hooks_) {
+    if (finalized_) {
+      throw InvalidArgument(fmt::format(
+          "DistributedDataParallel: backward() ran twice for one forward "
+          "(parameter '{}' got a second gradient). Run forward again before "
+          "each backward, or accumulate inside no_sync()",
+          params_[index].name));
+    }
+    return;  // no_sync, or a graph that did not come from our forward
+  }
+  if (!first_hook_seen_) {
+    first_hook_seen_ = true;
+    std::weak_ptr<Reducer> self = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([self] {
+      if (auto r = self.lock()) r->finalize_backward();
+    });
+    for (size_t i : unreachable_) mark_ready(i, /*produced=*/false);
+  }
+  if (ready_[index]) {
+    throw InvalidArgument(fmt::format(
+        "DistributedDataParallel: parameter '{}' got a gradient although "
+        "find_unused_parameters' graph search could not reach it from the "
+        "forward's outputs. Return every tensor computed from it from "
+        "forward (or list it in collect_tensors for your output type)",
+        params_[index].name));
+  }
+  mark_ready(index, /*produced=*/true);
+  timing_->last_ready = Timing::Clock::now();
+  launch_ready_buckets();
+}
+
+void Reducer::mark_ready(size_t index, bool produced) {
+  Param& p = params_[index];
+  Bucket& b = buckets_[p.bucket];
+  at::Tensor& view = b.views[p.slot];
+  const at::Tensor& grad = p.tensor.grad();
+  at::NoGradGuard no_grad;
+  if (grad.defined()) {
+    if (grad.is_sparse()) {
+      throw InvalidArgument(fmt::format(
+          "DistributedDataParallel: parameter '{}' has a sparse gradient; "
+          "sparse gradients are not supported (use a dense embedding)",
+          p.name));
+    }
+    if (options_.gradient_as_bucket_view) {
+      if (!produced) p.saved_grad = grad.clone();
+      if (!grad.is_alias_of(view)) {
+        view.copy_(grad);
+        p.tensor.mutable_grad() = view;
+      }
+    } else {
+      // One pass: copy and pre-scale (PyTorch's mul_out with 1/world_size).
+      at::mul_out(view, grad, b.scale);
+    }
+  } else {
+    view.zero_();
+  }
+  b.produced[p.slot] = produced ? 1.0f : 0.0f;
+  ready_[index] = 1;
+  --b.pending;
+  if (!rebuild_done_ && iterations_ == 0) ready_order_.push_back(index);
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    launch(next_launch_++);
+  }
+}
+
+void Reducer::launch(size_t k) {
+  Bucket& b = buckets_[k];
+  at::NoGradGuard no_grad;
+  if (options_.gradient_as_bucket_view) b.grads.mul_(b.scale);
+  b.flags.copy_(at::from_blob(b.produced.data(),
+                              {static_cast<int64_t>(b.produced.size())}, at::kFloat));
+  if (!timing_->launched) {
+    timing_->launched = true;
+    timing_->first_launch = Timing::Clock::now();
+  }
+  CollectiveOptions copts{group_, options_.timeout};
+  std::vector<at::Tensor> tensors{b.flat};
+  b.work = Work(start_work(
+      copts, fmt::format("all_reduce of gradient bucket {} of {}", k, buckets_.size()),
+      [&](compat::Backend& backend, std::chrono::milliseconds t) {
+        c10d::AllreduceOptions o;
+        o.timeout = t;
+        return backend.allreduce(tensors, o);
+      }));
+}
+
+void Reducer::finalize_backward() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!expect_hooks_) return;
+  auto compute_end = Timing::Clock::now();
+  expect_hooks_ = false;
+  finalized_ = true;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!ready_[i]) mark_ready(i, /*produced=*/false);
+  }
+  launch_ready_buckets();
+  std::vector<float> counts(params_.size(), 0.0f);
+  wait_and_write_back(counts);
+  auto end = Timing::Clock::now();
+  Timing& t = *timing_;
+  if (iterations_ > 0) {  // the first iteration includes set-up
+    ++t.samples;
+    t.backward_compute += since(t.backward_start, compute_end);
+    t.backward_comm += since(t.first_launch, end);
+    t.exposed_comm += since(compute_end, end);
+  }
+  ++iterations_;
+  check_unused(counts);
+}
+
+void Reducer::wait_and_write_back(std::vector<float>& counts) {
+  at::NoGradGuard no_grad;
+  for (Bucket& b : buckets_) b.work.wait();
+  for (Bucket& b : buckets_) {
+    at::Tensor flags = b.flags.to(at::kCPU, at::kFloat).contiguous();
+    const float* f = flags.data_ptr<float>();
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      Param& p = params_[b.params[s]];
+      counts[b.params[s]] = f[s];
+      at::Tensor& grad = p.tensor.mutable_grad();
+      if (f[s] == 0.0f) {  // no rank produced it: leave .grad() as it was
+        if (p.saved_grad.defined()) grad = p.saved_grad;
+        continue;
+      }
+      if (options_.gradient_as_bucket_view) {
+        grad = b.views[s];
+      } else if (grad.defined()) {
+        grad.copy_(b.views[s]);
+      } else {
+        grad = b.views[s].clone();
+      }
+    }
+  }
+}
+
+bool Reducer::produced_here(size_t index) const {
+  const Param& p = params_[index];
+  return buckets_[p.bucket].produced[p.slot] > 0.0f;
+}
+
+void Reducer::check_unused(const std::vector<float>& counts) {
+  std::vector<std::string> problems;
+  int64_t unused = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    int used_by = static_cast<int>(counts[i] + 0.5f);
+    if (used_by == world_size_) continue;
+    ++unused;
+    if (options_.find_unused_parameters) continue;
+    std::string where =
+        used_by == 0 ? fmt::format("unused on all {} ranks", world_size_)
+                     : fmt::format("{} on this rank; used on {} of {} ranks",
+                                   produced_here(i) ? "used" : "unused", used_by,
+                                   world_size_);
+    problems.push_back(fmt::format("  {} ({})", params_[i].name, where));
+  }
+  unused_last_ = unused;
+  ever_unused_ = ever_unused_ || unused > 0;
+  if (!problems.empty()) {
+    throw InvalidArgument(fmt::format(
+        "DistributedDataParallel: {} parameter(s) received no gradient in "
+        "backward pass {} (their gradients were reduced as zeros so that no "
+        "rank hangs):\n{}\nEvery parameter must take part in computing the "
+        "loss on every rank. Either (1) construct DistributedDataParallel with "
+        "find_unused_parameters = true, or (2) make every output of forward "
+        "take part in the loss (or freeze the parameter with "
+        "requires_grad_(false) before wrapping the model)",
+        problems.size(), iterations_ - 1, fmt::join(problems, "\n")));
+  }
+  if (options_.find_unused_parameters && !ever_unused_ && !warned_never_unused_ &&
+      iterations_ == 1 && group_->rank() == 0) {
+    warned_never_unused_ = true;
+    std::cerr << "[rank0]: ddp warning: find_unused_parameters=true but no "
+                 "parameter was unused in the first iteration; it costs an "
+                 "autograd graph traversal per iteration. Construct "
+                 "DistributedDataParallel with find_unused_parameters=false "
+                 "if your model always uses every parameter.\n";
+  }
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,129 @@
+// Internal: the reducer averages gradients across ranks during backward().
+//
+// Note [Reducer protocol]
+// Every rank owns the same buckets (same parameters, same order). Per
+// synchronised iteration:
+//   1. prepare_for_backward() (end of forward) resets the per-iteration
+//      state and, with find_unused_parameters, finds the parameters the
+//      outputs cannot reach.
+//   2. A post-hook on each parameter's gradient accumulator fires when its
+//      gradient is accumulated into .grad(): the gradient is copied into its
+//      bucket, pre-multiplied by 1/world_size (as PyTorch does: the sum of
+//      the scaled values cannot overflow where the plain sum might), and its
+//      "produced" flag is set. The first hook queues finalize_backward() on
+//      the autograd engine and marks the unreachable parameters ready.
+//   3. A bucket whose parameters are all ready is all-reduced asynchronously,
+//      strictly in bucket order on every rank (Gloo and NCCL match
+//      collectives by order).
+//   4. finalize_backward() runs when the engine has finished the graph:
+//      parameters that got no gradient are marked ready now (contributing
+//      their .grad() if defined, zero otherwise), so every rank issues every
+//      bucket's all_reduce and no rank can hang on another's missing bucket.
+//      It waits for all buckets and writes the averages back to .grad().
+// Each bucket's flat buffer carries, after the gradients, one slot per
+// parameter holding 1 where this rank produced the gradient. After the
+// all_reduce the slot counts the ranks that did: 0 means unused everywhere
+// (.grad() is left untouched, as in PyTorch); fewer than world_size without
+// find_unused_parameters is an error that every rank detects identically,
+// without any extra collective.
+//
+// Threading: the hooks and the callback run on the thread running
+// backward() (CPU) or autograd's device threads (CUDA); all state is guarded
+// by mu_.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/collectives.h"
+#include "ddp/distributed_data_parallel.h"
+#include "ddp/process_group.h"
+
+namespace ddp::detail {
+
+struct ReducerOptions {
+  int64_t bucket_cap_bytes = 25 << 20;
+  int64_t first_bucket_cap_bytes = 1 << 20;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+class Reducer : public std::enable_shared_from_this<Reducer> {
+ public:
+  // params: the parameters to reduce (requires_grad, deduplicated, all on
+  // one device), names their full names for messages.
+  static std::shared_ptr<Reducer> create(std::vector<std::string> names,
+                                         std::vector<at::Tensor> params,
+                                         ProcessGroupPtr group,
+                                         ReducerOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // At a synchronised forward: rebuilds the buckets once, after the first
+  // iteration, in the order rank 0's gradients became ready (a broadcast).
+  void prepare_for_forward();
+  // At the end of a synchronised forward. outputs: the forward's tensors
+  // (used with find_unused_parameters; outputs_known false if they could not
+  // be listed, which is then an error).
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs,
+                            bool outputs_known);
+  // At the end of a forward that will not synchronise (no_sync, no grad).
+  void forward_without_sync();
+
+  void fill_stats(DdpStats& stats) const;
+
+ private:
+  struct Param;
+  struct Bucket;
+  struct Timing;
+
+  Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
+          ProcessGroupPtr group, ReducerOptions options);
+  void install_hooks();
+  void build_buckets(const std::vector<size_t>& order);
+
+  void autograd_hook(size_t index);
+  void mark_ready(size_t index, bool produced);
+  void launch_ready_buckets();
+  void launch(size_t bucket);
+  void finalize_backward();
+  void wait_and_write_back(std::vector<float>& counts);
+  void check_unused(const std::vector<float>& counts);
+  bool produced_here(size_t index) const;
+  std::vector<size_t> unreachable_from(const std::vector<at::Tensor>& outputs) const;
+  void reset_iteration();
+
+  std::vector<Param> params_;
+  std::vector<Bucket> buckets_;
+  ProcessGroupPtr group_;
+  ReducerOptions options_;
+  int world_size_;
+
+  mutable std::mutex mu_;
+  // Per-iteration state (guarded by mu_).
+  bool expect_hooks_ = false;      // prepared, backward not finished
+  bool finalized_ = false;         // a backward finished since the forward
+  bool first_hook_seen_ = false;
+  size_t next_launch_ = 0;         // next bucket to all_reduce
+  std::vector<char> ready_;        // per parameter
+  std::vector<size_t> unreachable_;
+  // Bucket rebuild (guarded by mu_).
+  std::vector<size_t> ready_order_;  // first iteration's order
+  bool rebuild_done_ = false;
+  int64_t iterations_ = 0;
+  int64_t unused_last_ = 0;
+  bool ever_unused_ = false;
+  bool warned_never_unused_ = false;
+  std::unique_ptr<Timing> timing_;
+};
+
+}  // namespace ddp::detail

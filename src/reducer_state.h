@@ -1,0 +1,54 @@
+// Internal: the Reducer's nested types, shared by its implementation files.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/collectives.h"
+#include "reducer.h"
+
+namespace ddp::detail {
+
+struct Reducer::Param {
+  std::string name;   // full name, e.g. "head.aux.weight"
+  at::Tensor tensor;  // the parameter (a leaf requiring grad)
+  std::shared_ptr<torch::autograd::Node> grad_accumulator;
+  uintptr_t hook_key = 0;
+  size_t bucket = 0;  // index into buckets_
+  size_t slot = 0;    // position within the bucket
+  // gradient_as_bucket_view: .grad() saved before an unused parameter's view
+  // is all-reduced, restored if no rank used it.
+  at::Tensor saved_grad;
+};
+
+// Layout of flat: [gradients of params[0], params[1], ... | one flag per
+// parameter]. grads/flags/views are views into flat.
+struct Reducer::Bucket {
+  std::vector<size_t> params;    // indices into params_, in bucket order
+  std::vector<int64_t> offsets;  // element offset of each parameter
+  int64_t grad_numel = 0;
+  at::Tensor flat, grads, flags;
+  std::vector<at::Tensor> views;  // shaped like each parameter
+  std::vector<float> produced;    // this iteration's flags, copied at launch
+  at::Tensor scale;               // 1 / world_size, in the bucket's dtype
+  size_t pending = 0;             // parameters not ready yet
+  Work work;                      // the in-flight all_reduce
+};
+
+struct Reducer::Timing {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point backward_start, first_launch, last_ready;
+  bool launched = false;
+  bool rebuilt = false;
+  // Sums over sampled iterations (the first iteration is not sampled).
+  int64_t samples = 0;
+  double backward_compute = 0, backward_comm = 0, exposed_comm = 0;
+};
+
+}  // namespace ddp::detail

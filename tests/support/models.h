@@ -1,0 +1,71 @@
+// Small models shared by the DistributedDataParallel tests (and the Python
+// oracle test, whose script builds the same architectures).
+#pragma once
+
+#include <torch/torch.h>
+
+namespace ddp::testing {
+
+// 8 -> 16 -> 16 -> 4 MLP.
+struct MlpImpl : torch::nn::Module {
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+  MlpImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 16));
+    fc3 = register_module("fc3", torch::nn::Linear(16, 4));
+  }
+  at::Tensor forward(at::Tensor x) {
+    return fc3(torch::relu(fc2(torch::relu(fc1(x)))));
+  }
+};
+TORCH_MODULE(Mlp);
+
+// Conv + BatchNorm + Linear on 1x6x6 inputs: BatchNorm has running buffers.
+struct BnCnnImpl : torch::nn::Module {
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+  torch::nn::Linear fc{nullptr};
+  BnCnnImpl() {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 3, 3)));
+    bn = register_module("bn", torch::nn::BatchNorm2d(3));
+    fc = register_module("fc", torch::nn::Linear(3 * 4 * 4, 4));
+  }
+  at::Tensor forward(at::Tensor x) {
+    return fc(torch::relu(bn(conv(x.view({-1, 1, 6, 6})))).flatten(1));
+  }
+};
+TORCH_MODULE(BnCnn);
+
+// A weight used twice and registered twice ("w" and "sub.w_tied").
+struct TiedImpl : torch::nn::Module {
+  at::Tensor w;
+  torch::nn::Linear mid{nullptr};
+  TiedImpl() {
+    w = register_parameter("w", torch::randn({8, 8}) * 0.3);
+    auto sub = std::make_shared<torch::nn::Module>();
+    sub->register_parameter("w_tied", w);
+    register_module("sub", sub);
+    mid = register_module("mid", torch::nn::Linear(8, 8));
+  }
+  at::Tensor forward(at::Tensor x) {
+    return torch::matmul(mid(torch::tanh(x.matmul(w))), w.t()).narrow(1, 0, 4);
+  }
+};
+TORCH_MODULE(Tied);
+
+// An MLP whose "aux" head is used only when asked: for unused parameters.
+struct BranchyImpl : torch::nn::Module {
+  torch::nn::Linear body{nullptr}, head{nullptr}, aux{nullptr};
+  BranchyImpl() {
+    body = register_module("body", torch::nn::Linear(8, 16));
+    head = register_module("head", torch::nn::Linear(16, 4));
+    aux = register_module("aux", torch::nn::Linear(16, 4));
+  }
+  at::Tensor forward(at::Tensor x, bool use_aux) {
+    auto h = torch::relu(body(x));
+    return use_aux ? head(h) + aux(h) : head(h);
+  }
+};
+TORCH_MODULE(Branchy);
+
+}  // namespace ddp::testing
