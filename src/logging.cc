@@ -1,0 +1,188 @@
+#include "ddp/logging.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <strings.h>
+
+#include "ddp/error.h"
+#include "ddp/process_group.h"
+
+namespace ddp {
+namespace {
+
+std::mutex g_write_mu;
+std::atomic<int> g_level{-1};  // -1: not yet read from DDP_LOG_LEVEL
+
+// The rank for prefixes and the rank-0 filter: the thread's default group,
+// or rank 0 without one.
+int current_rank() {
+  if (!is_initialized()) return 0;
+  try {
+    return get_rank();
+  } catch (const Error&) {
+    return 0;  // destroyed concurrently: treat as a single process
+  }
+}
+
+// Prefixes every line of `text` and terminates the last one.
+std::string with_prefix(const std::string& prefix, const std::string& text) {
+  std::string out;
+  out.reserve(text.size() + prefix.size() + 1);
+  size_t start = 0;
+  do {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    out += prefix;
+    out.append(text, start, end - start);
+    out += '\n';
+    start = end + 1;
+  } while (start < text.size());
+  return out;
+}
+
+// One write(2) per call where the kernel allows, after the stdio buffer of
+// the same stream, so that lines keep their order relative to printf.
+void write_all(FILE* stream, const std::string& bytes) {
+  std::lock_guard<std::mutex> lock(g_write_mu);
+  std::fflush(stream);
+  int fd = fileno(stream);
+  const char* p = bytes.data();
+  size_t left = bytes.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // closed or full: dropped, see logging.h
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+std::string vformat(const char* format, va_list args) {
+  va_list copy;
+  va_copy(copy, args);
+  int n = std::vsnprintf(nullptr, 0, format, copy);
+  va_end(copy);
+  if (n <= 0) return std::string();
+  std::string out(static_cast<size_t>(n) + 1, '\0');
+  std::vsnprintf(out.data(), out.size(), format, args);
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+LogLevel level_from_env() {
+  const char* v = std::getenv("DDP_LOG_LEVEL");
+  if (v == nullptr || *v == '\0') return LogLevel::kInfo;
+  try {
+    return parse_log_level(v, "DDP_LOG_LEVEL");
+  } catch (const InvalidArgument& e) {
+    write_all(stderr, std::string("ddp: ") + e.what() + "; using info\n");
+    return LogLevel::kInfo;
+  }
+}
+
+}  // namespace
+
+const char* to_string(LogLevel level) {
+  switch (level) {
+    case LogLevel::kDebug: return "DEBUG";
+    case LogLevel::kInfo: return "INFO";
+    case LogLevel::kWarning: return "WARNING";
+    case LogLevel::kError: return "ERROR";
+    case LogLevel::kOff: return "OFF";
+  }
+  return "?";
+}
+
+LogLevel parse_log_level(const std::string& text, const std::string& what) {
+  struct Name { const char* name; LogLevel level; };
+  static const Name names[] = {
+      {"debug", LogLevel::kDebug},     {"10", LogLevel::kDebug},
+      {"info", LogLevel::kInfo},       {"20", LogLevel::kInfo},
+      {"warning", LogLevel::kWarning}, {"warn", LogLevel::kWarning},
+      {"30", LogLevel::kWarning},      {"error", LogLevel::kError},
+      {"40", LogLevel::kError},        {"off", LogLevel::kOff}};
+  for (const Name& n : names) {
+    if (strcasecmp(text.c_str(), n.name) == 0) return n.level;
+  }
+  throw InvalidArgument(what + "='" + text +
+                        "' is not a log level: use one of debug, info, "
+                        "warning, error, off (or 10, 20, 30, 40)");
+}
+
+LogLevel log_level() {
+  int v = g_level.load(std::memory_order_relaxed);
+  if (v < 0) {
+    int fresh = static_cast<int>(level_from_env());
+    // Another thread may have read it (same result) or called set_log_level
+    // (which wins): only replace the "unset" marker.
+    g_level.compare_exchange_strong(v, fresh);
+    v = g_level.load(std::memory_order_relaxed);
+  }
+  return static_cast<LogLevel>(v);
+}
+
+void set_log_level(LogLevel level) {
+  g_level.store(static_cast<int>(level), std::memory_order_relaxed);
+}
+
+bool log_enabled(LogLevel level) {
+  return level != LogLevel::kOff &&
+         static_cast<int>(level) >= static_cast<int>(log_level());
+}
+
+void print0(const std::string& text) {
+  if (current_rank() != 0) return;
+  write_all(stdout, with_prefix("", text));
+}
+
+void print0f(const char* format, ...) {
+  if (current_rank() != 0) return;
+  va_list args;
+  va_start(args, format);
+  std::string text = vformat(format, args);
+  va_end(args);
+  write_all(stdout, with_prefix("", text));
+}
+
+void print_all(const std::string& text) {
+  write_all(stdout, with_prefix("[rank" + std::to_string(current_rank()) + "]: ",
+                                text));
+}
+
+void log(LogLevel level, const std::string& message) {
+  if (!log_enabled(level)) return;
+  write_all(stderr, with_prefix("[rank" + std::to_string(current_rank()) +
+                                    "]: " + to_string(level) + ": ",
+                                message));
+}
+
+void logf(LogLevel level, const char* format, ...) {
+  if (!log_enabled(level)) return;
+  va_list args;
+  va_start(args, format);
+  std::string text = vformat(format, args);
+  va_end(args);
+  log(level, text);
+}
+
+void log0(LogLevel level, const std::string& message) {
+  if (!log_enabled(level) || current_rank() != 0) return;
+  write_all(stderr, with_prefix(std::string(to_string(level)) + ": ", message));
+}
+
+void log0f(LogLevel level, const char* format, ...) {
+  if (!log_enabled(level) || current_rank() != 0) return;
+  va_list args;
+  va_start(args, format);
+  std::string text = vformat(format, args);
+  va_end(args);
+  log0(level, text);
+}
+
+}  // namespace ddp

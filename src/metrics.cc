@@ -1,0 +1,241 @@
+#include "ddp/metrics.h"
+
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/scalar_tensor.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+#include "ddp/error.h"
+
+namespace ddp {
+namespace {
+
+int group_size(const CollectiveOptions& options) {
+  return (options.group ? options.group : default_group())->size();
+}
+
+// Sums a vector of doubles over the group in place with one all_reduce.
+void all_reduce_doubles(std::vector<double>& values,
+                        const CollectiveOptions& options) {
+  at::Tensor t = at::from_blob(values.data(),
+                               {static_cast<int64_t>(values.size())},
+                               at::TensorOptions().dtype(at::kDouble));
+  all_reduce(t, ReduceOp::SUM, options);
+}
+
+// An int64 travels as two double slots, low 32 bits (unsigned) and high 32
+// bits (signed): each rank's slot is below 2^32 in magnitude, so the sums
+// stay exact in a double's 53-bit mantissa for up to 2^21 ranks, and the
+// total is rebuilt modulo 2^64.
+void push_int64(std::vector<double>& out, int64_t v) {
+  uint64_t u = static_cast<uint64_t>(v);
+  out.push_back(static_cast<double>(u & 0xffffffffu));
+  out.push_back(static_cast<double>(static_cast<int32_t>(u >> 32)));
+}
+int64_t pop_int64(const double* slots) {
+  uint64_t lo = static_cast<uint64_t>(static_cast<int64_t>(slots[0]));
+  uint64_t hi = static_cast<uint64_t>(static_cast<int64_t>(slots[1]));
+  return static_cast<int64_t>(lo + (hi << 32));
+}
+
+void check_weight(const char* where, const std::string& name, double weight) {
+  if (!(weight >= 0)) {
+    throw InvalidArgument(std::string(where) + ": weight of '" + name +
+                          "' is " + std::to_string(weight) +
+                          "; weights must be >= 0 (pass the sample count)");
+  }
+}
+
+// 16-bit FNV-1a of the names and kinds, in sorted order.
+uint32_t layout_hash(const std::vector<std::pair<std::string, MetricKind>>& l) {
+  uint32_t h = 2166136261u;
+  for (const auto& [name, kind] : l) {
+    for (unsigned char c : name) h = (h ^ c) * 16777619u;
+    h = (h ^ (0x100u + static_cast<uint32_t>(kind))) * 16777619u;
+  }
+  return (h >> 16) ^ (h & 0xffffu);
+}
+
+}  // namespace
+
+const char* to_string(MetricKind kind) {
+  switch (kind) {
+    case MetricKind::kSum: return "sum";
+    case MetricKind::kMean: return "mean";
+    case MetricKind::kCount: return "count";
+  }
+  return "?";
+}
+
+double reduce_sum(double value, const CollectiveOptions& options) {
+  std::vector<double> v{value};
+  all_reduce_doubles(v, options);
+  return v[0];
+}
+
+double reduce_mean(double value, const CollectiveOptions& options) {
+  int world = group_size(options);
+  return reduce_sum(value, options) / world;
+}
+
+double reduce_weighted_mean(double value_sum, double weight,
+                            const CollectiveOptions& options) {
+  check_weight("reduce_weighted_mean", "weight", weight);
+  std::vector<double> v{value_sum, weight};
+  all_reduce_doubles(v, options);
+  if (v[1] == 0) return std::numeric_limits<double>::quiet_NaN();
+  return v[0] / v[1];
+}
+
+int64_t reduce_count(int64_t count, const CollectiveOptions& options) {
+  std::vector<int64_t> v{count};
+  at::Tensor t = at::from_blob(v.data(), {1},
+                               at::TensorOptions().dtype(at::kLong));
+  all_reduce(t, ReduceOp::SUM, options);
+  return v[0];
+}
+
+// --- ReducedMetrics ---------------------------------------------------------
+
+const ReducedMetrics::Entry& ReducedMetrics::at(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    std::string known;
+    for (const auto& e : entries_) known += (known.empty() ? "" : ", ") + e.first;
+    throw InvalidArgument("metric '" + name + "' was not added (known: " +
+                          (known.empty() ? "none" : known) +
+                          "); add it with Metrics::add_* on every rank");
+  }
+  return it->second;
+}
+
+double ReducedMetrics::value(const std::string& name) const {
+  return at(name).value;
+}
+int64_t ReducedMetrics::count(const std::string& name) const {
+  return at(name).count;
+}
+bool ReducedMetrics::contains(const std::string& name) const {
+  return entries_.count(name) != 0;
+}
+
+std::string ReducedMetrics::to_string() const {
+  std::string out;
+  for (const auto& [name, e] : entries_) {
+    char buf[64];
+    if (e.kind == MetricKind::kCount) {
+      std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(e.count));
+    } else {
+      std::snprintf(buf, sizeof(buf), "%.6g", e.value);
+    }
+    out += (out.empty() ? "" : " ") + name + "=" + buf;
+  }
+  return out;
+}
+
+// --- Metrics ----------------------------------------------------------------
+
+Metrics::Accumulator& Metrics::slot(const std::string& name, MetricKind kind) {
+  auto [it, inserted] = metrics_.try_emplace(name);
+  if (inserted) {
+    it->second.kind = kind;
+  } else if (it->second.kind != kind) {
+    throw InvalidArgument("metric '" + name + "' was added as a " +
+                          ddp::to_string(it->second.kind) +
+                          " and is now added as a " + ddp::to_string(kind) +
+                          "; use one kind per name");
+  }
+  return it->second;
+}
+
+void Metrics::add_sum(const std::string& name, double value) {
+  Accumulator& a = slot(name, MetricKind::kSum);
+  a.sum += value;
+  a.count += 1;
+}
+
+void Metrics::add_mean(const std::string& name, double value, double weight) {
+  check_weight("Metrics::add_mean", name, weight);
+  Accumulator& a = slot(name, MetricKind::kMean);
+  a.sum += value * weight;
+  a.weight += weight;
+  a.count += 1;
+}
+
+void Metrics::add_count(const std::string& name, int64_t n) {
+  Accumulator& a = slot(name, MetricKind::kCount);
+  a.count = static_cast<int64_t>(static_cast<uint64_t>(a.count) +
+                                 static_cast<uint64_t>(n));
+}
+
+namespace {
+ReducedMetrics::Entry make_entry(MetricKind kind, double sum, double weight,
+                                 int64_t count) {
+  ReducedMetrics::Entry e;
+  e.kind = kind;
+  e.count = count;
+  switch (kind) {
+    case MetricKind::kSum: e.value = sum; break;
+    case MetricKind::kMean:
+      e.weight = weight;
+      e.value = weight == 0 ? std::numeric_limits<double>::quiet_NaN()
+                            : sum / weight;
+      break;
+    case MetricKind::kCount: e.value = static_cast<double>(count); break;
+  }
+  return e;
+}
+}  // namespace
+
+ReducedMetrics Metrics::local() const {
+  ReducedMetrics r;
+  for (const auto& [name, a] : metrics_) {
+    r.entries_[name] = make_entry(a.kind, a.sum, a.weight, a.count);
+  }
+  return r;
+}
+
+ReducedMetrics Metrics::reduce(const CollectiveOptions& options) const {
+  std::vector<std::pair<std::string, MetricKind>> layout;
+  std::vector<double> slots;
+  for (const auto& [name, a] : metrics_) {
+    layout.emplace_back(name, a.kind);
+    slots.push_back(a.sum);
+    slots.push_back(a.weight);
+    push_int64(slots, a.count);
+  }
+  // Equal hashes on every rank <=> sum(h^2) * W == sum(h)^2 (equality case
+  // of Cauchy-Schwarz); both sums are exact in doubles for W < 2^21.
+  const double h = layout_hash(layout);
+  slots.push_back(h);
+  slots.push_back(h * h);
+  const int world = group_size(options);
+  all_reduce_doubles(slots, options);
+
+  const size_t n = metrics_.size();
+  using u128 = unsigned __int128;
+  u128 s1 = static_cast<u128>(slots[4 * n]);
+  u128 s2 = static_cast<u128>(slots[4 * n + 1]);
+  if (s2 * static_cast<u128>(world) != s1 * s1) {
+    std::string names;
+    for (const auto& [name, kind] : layout) {
+      names += (names.empty() ? "" : ", ") + name + ":" + ddp::to_string(kind);
+    }
+    throw MismatchError(
+        "Metrics::reduce: the ranks added different metric names or kinds; "
+        "this rank has {" + names + "}. Add every metric on every rank (a "
+        "rank without data can add_mean(name, 0, 0) or add_count(name, 0))");
+  }
+  ReducedMetrics r;
+  size_t i = 0;
+  for (const auto& [name, a] : metrics_) {
+    const double* s = &slots[4 * i++];
+    r.entries_[name] = make_entry(a.kind, s[0], s[1], pop_int64(s + 2));
+  }
+  return r;
+}
+
+}  // namespace ddp
