@@ -1,0 +1,167 @@
+// The side of the launchers' rendezvous run on nodes 1..nnodes-1
+// (control.h).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "ddp/error.h"
+#include "launcher/control.h"
+#include "launcher/net.h"
+#include "launcher/relay.h"
+
+namespace ddp::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point after(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(seconds));
+}
+
+// Sleeps up to `ms` while watching for stop signals.
+void wait_or_interrupt(SignalWatch& signals, int extra_fd, int ms) {
+  pollfd fds[2] = {{signals.fd(), POLLIN, 0}, {extra_fd, POLLIN, 0}};
+  ::poll(fds, extra_fd >= 0 ? 2 : 1, ms);
+  for (int sig : signals.read_pending()) {
+    if (is_stop_signal(sig)) throw Interrupted{sig};
+  }
+}
+
+}  // namespace
+
+Agent::Agent(const LaunchOptions& options, SignalWatch& signals)
+    : o_(options), signals_(signals) {}
+
+// Sends hello on a fresh connection; true once node 0 welcomed us.
+bool Agent::introduce() {
+  link_->send({{"type", "hello"},
+               {"node_rank", o_.node_rank},
+               {"nnodes", o_.nnodes},
+               {"nproc_per_node", o_.nproc_per_node},
+               {"run_id", o_.run_id},
+               {"host", host_name()}});
+  // Something else may be listening on the port: do not wait for ever.
+  const auto deadline = after(10);
+  while (link_->alive() && Clock::now() < deadline) {
+    wait_or_interrupt(signals_, link_->fd(), 200);
+    for (const auto& m : link_->receive()) {
+      const std::string type = m.value("type", "");
+      if (type == "welcome") return true;
+      if (type == "reject") {
+        throw InvalidArgument(fmt::format("node 0 at {}:{} rejected node {}: {}",
+                                          o_.master_addr, o_.master_port,
+                                          o_.node_rank, m.value("message", "")));
+      }
+      if (type == "done") {
+        throw Error(fmt::format("node 0 ended the job before it started: {}",
+                                m.value("reason", "")));
+      }
+    }
+  }
+  return false;
+}
+
+void Agent::join() {
+  const auto deadline = after(o_.join_timeout);
+  std::string last_error = "no answer";
+  bool told = false;
+  while (Clock::now() < deadline) {
+    int fd = connect_to(o_.master_addr, o_.master_port, 2000, last_error);
+    if (fd >= 0) {
+      link_.emplace(fd, o_.keep_alive_interval, o_.keep_alive_max_attempt);
+      link_->node_rank = 0;
+      if (introduce()) return;
+      last_error = link_->alive() ? "no welcome from node 0" : link_->why_dead();
+      link_.reset();
+    }
+    if (!told) {
+      launcher_message(fmt::format("node {}: waiting for node 0 at {}:{} ({})", o_.node_rank,
+                                   o_.master_addr, o_.master_port, last_error));
+      told = true;
+    }
+    wait_or_interrupt(signals_, -1, 500);
+  }
+  throw TimeoutError(fmt::format(
+      "node {} could not join node 0 at {}:{} within join_timeout={} s (last "
+      "error: {}). Start ddprun with --node-rank 0 there, and check "
+      "--master-addr/--master-port and the network",
+      o_.node_rank, o_.master_addr, o_.master_port, o_.join_timeout, last_error));
+}
+
+Order Agent::next_order() {
+  const auto deadline = after(o_.join_timeout);
+  while (Clock::now() < deadline) {
+    while (!orders_.empty()) {
+      nlohmann::json m = orders_.front();
+      orders_.erase(orders_.begin());
+      Order order;
+      if (m.value("type", "") == "start") {
+        order.kind = Order::kStart;
+        order.restart_count = attempt_ = m.value("restart", 0);
+        stop_reason_.reset();  // a late "stop" of the previous attempt
+        return order;
+      }
+      order.kind = Order::kDone;
+      order.exit_code = m.value("code", 1);
+      order.reason = m.value("reason", "");
+      return order;
+    }
+    if (!link_->alive()) {
+      return {Order::kLost, 0, 1,
+              fmt::format("lost contact with node 0 ({}:{}): {}", o_.master_addr,
+                          o_.master_port, link_->why_dead())};
+    }
+    wait_or_interrupt(signals_, link_->fd(), link_->ms_until_tick());
+    service();
+  }
+  return {Order::kLost, 0, 1,
+          fmt::format("node 0 gave no order within join_timeout={} s", o_.join_timeout)};
+}
+
+void Agent::add_poll_fds(std::vector<pollfd>& fds) {
+  if (link_ && link_->alive()) fds.push_back({link_->fd(), POLLIN, 0});
+}
+
+int Agent::max_sleep_ms() const { return link_ ? link_->ms_until_tick() : 1000; }
+
+std::optional<std::string> Agent::service() {
+  if (!link_) return std::nullopt;
+  for (auto& m : link_->receive()) {
+    const std::string type = m.value("type", "");
+    if (type == "stop" && m.value("attempt", -1) == attempt_ && !stop_reason_) {
+      stop_reason_ = "node 0 stopped the job: " + m.value("reason", "");
+    }
+    if (type == "done" && !stop_reason_) {
+      stop_reason_ = "node 0 ended the job: " + m.value("reason", "");
+    }
+    if (type == "start" || type == "done") orders_.push_back(std::move(m));
+  }
+  link_->tick();
+  if (!link_->alive() && !stop_reason_) {
+    stop_reason_ = fmt::format("lost contact with node 0 ({}:{}): {}", o_.master_addr,
+                               o_.master_port, link_->why_dead());
+  }
+  return stop_reason_;
+}
+
+void Agent::on_local_failure(const WorkerResult& root) {
+  link_->send({{"type", "fail"},
+               {"attempt", attempt_},
+               {"report", to_json(make_failure_report(root, o_.node_rank))}});
+}
+
+void Agent::report_exit(int restart_count, const GroupResult& local) {
+  static const char* names[] = {"succeeded", "failed", "interrupted", "stopped"};
+  nlohmann::json m = {{"type", "exit"},
+                      {"attempt", restart_count},
+                      {"outcome", names[static_cast<int>(local.outcome)]}};
+  if (local.root_cause >= 0) {
+    m["report"] = to_json(make_failure_report(local.workers[local.root_cause], o_.node_rank));
+  }
+  link_->send(m);
+  stop_reason_.reset();
+}
+
+}  // namespace ddp::launcher

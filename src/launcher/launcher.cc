@@ -1,0 +1,208 @@
+#include "launcher/launcher.h"
+
+#include <fmt/format.h>
+#include <ftw.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "ddp/error.h"
+#include "launcher/control.h"
+#include "launcher/group_support.h"
+#include "launcher/net.h"
+#include "launcher/relay.h"
+#include "launcher/spawn.h"
+#include "launcher/summary.h"
+#include "launcher/worker_group.h"
+
+extern char** environ;
+
+namespace ddp::launcher {
+namespace {
+
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  return ::remove(path);
+}
+
+// Where the attempts' files go: log files and error files. Removed at the
+// end unless it holds logs the user asked for.
+class RunDir {
+ public:
+  explicit RunDir(const LaunchOptions& o) {
+    keep_ = !o.log_dir.empty() || o.redirects.any() || o.tee.any();
+    const char* tmp = std::getenv("TMPDIR");
+    std::string base = !o.log_dir.empty() ? o.log_dir : (tmp && *tmp ? tmp : "/tmp");
+    make_directories(base);
+    std::string id = o.run_id;
+    for (char& c : id) c = (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-') ? c : '_';
+    std::string tmpl = fmt::format("{}/{}{}_XXXXXX", base, o.log_dir.empty() ? "ddprun_" : "", id);
+    if (!::mkdtemp(tmpl.data())) {
+      throw InvalidArgument(fmt::format("could not create a directory in '{}': {}{}", base,
+                                        std::strerror(errno),
+                                        o.log_dir.empty() ? " (set TMPDIR)" : " (check --log-dir)"));
+    }
+    path_ = tmpl;
+    if (keep_) launcher_message(fmt::format("log files of every rank in {}", path_));
+  }
+  ~RunDir() {
+    if (!keep_) nftw(path_.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  }
+  RunDir(const RunDir&) = delete;
+  RunDir& operator=(const RunDir&) = delete;
+
+  std::string attempt_dir(int restart_count) const {
+    return fmt::format("{}/attempt_{}", path_, restart_count);
+  }
+
+ private:
+  std::string path_;
+  bool keep_ = false;
+};
+
+struct Job {
+  const LaunchOptions& o;
+  std::string program;  // resolved path
+  const RunDir& dir;
+  SignalWatch& signals;
+
+  GroupSpec spec(const AttemptInfo& attempt) const {
+    GroupSpec s;
+    s.options = &o;
+    s.attempt = attempt;
+    s.program_path = program;
+    s.attempt_dir = dir.attempt_dir(attempt.restart_count);
+    s.log_all_streams = !o.log_dir.empty();
+    return s;
+  }
+};
+
+int exit_code_for(int interrupt_signal) {
+  return interrupt_signal != 0 ? 128 + interrupt_signal : kExitFailure;
+}
+
+bool restart_allowed(const LaunchOptions& o, int restart_count) {
+  if (restart_count >= o.max_restarts) return false;
+  launcher_message(fmt::format("restarting the worker group (restart {} of {})",
+                               restart_count + 1, o.max_restarts));
+  return true;
+}
+
+void print_summary(const Job& job, const FailureReport& root,
+                   const std::vector<WorkerResult>& local,
+                   std::vector<std::string> notes, int restart_count) {
+  std::string title = fmt::format("{} failed (attempt {} of {})", job.o.program[0],
+                                  restart_count + 1, job.o.max_restarts + 1);
+  write_all(STDERR_FILENO, format_summary(title, root, local, notes));
+}
+
+int single_node(const Job& job) {
+  const LaunchOptions& o = job.o;
+  for (int k = 0;; ++k) {
+    AttemptInfo a{k, o.master_addr, o.standalone ? pick_free_port() : o.master_port};
+    if (!o.standalone) check_master_port(a.master_port);
+    GroupResult g = run_worker_group(job.spec(a), job.signals);
+    if (g.outcome == GroupOutcome::kSucceeded) return kExitSuccess;
+    if (g.outcome == GroupOutcome::kFailed) {
+      print_summary(job, make_failure_report(g.workers[g.root_cause], o.node_rank),
+                    g.workers, {}, k);
+      if (g.interrupt_signal == 0 && restart_allowed(o, k)) continue;
+    }
+    return exit_code_for(g.interrupt_signal);
+  }
+}
+
+int coordinate(const Job& job) {
+  const LaunchOptions& o = job.o;
+  Coordinator c(o, job.signals);
+  c.join();
+  for (int k = 0;; ++k) {
+    GroupResult g;
+    try {
+      check_master_port(o.master_port);
+      c.start_attempt(k);
+      g = run_worker_group(job.spec({k, o.master_addr, o.master_port}), job.signals, &c);
+    } catch (const std::exception& e) {
+      c.finish_job(kExitFailure, fmt::format("node 0 could not start its workers: {}", e.what()));
+      throw;
+    }
+    AttemptOutcome a = c.finish_attempt(g);
+    if (a.succeeded) {
+      c.finish_job(kExitSuccess, "");
+      return kExitSuccess;
+    }
+    if (a.root) {
+      print_summary(job, *a.root, g.workers, a.notes, k);
+    } else {
+      for (const std::string& note : a.notes) launcher_message(note);
+    }
+    if (a.restartable && restart_allowed(o, k)) continue;
+    c.finish_job(kExitFailure, a.root ? root_cause_line(*a.root) : "the job failed");
+    return exit_code_for(a.interrupt_signal);
+  }
+}
+
+int follow(const Job& job) {
+  const LaunchOptions& o = job.o;
+  Agent agent(o, job.signals);
+  agent.join();
+  while (true) {
+    Order order = agent.next_order();
+    if (order.kind == Order::kLost) {
+      launcher_message(order.reason);
+      return kExitFailure;
+    }
+    if (order.kind == Order::kDone) {
+      if (order.exit_code != 0) launcher_message("the job failed: " + order.reason);
+      return order.exit_code == 0 ? kExitSuccess : kExitFailure;
+    }
+    const int k = order.restart_count;
+    GroupResult g;
+    try {
+      g = run_worker_group(job.spec({k, o.master_addr, o.master_port}), job.signals, &agent);
+    } catch (const std::exception&) {
+      GroupResult failed;
+      failed.outcome = GroupOutcome::kFailed;
+      agent.report_exit(k, failed);
+      throw;
+    }
+    agent.report_exit(k, g);
+    if (g.outcome == GroupOutcome::kFailed) {
+      print_summary(job, make_failure_report(g.workers[g.root_cause], o.node_rank),
+                    g.workers, {}, k);
+    } else if (g.outcome == GroupOutcome::kStopped) {
+      launcher_message(fmt::format("stopped this node's workers: {}", g.stop_reason));
+    }
+    if (g.interrupt_signal != 0) return exit_code_for(g.interrupt_signal);
+  }
+}
+
+}  // namespace
+
+int run_launcher(const LaunchOptions& o) {
+  try {
+    // Helpers that leave their worker's process group are handed to us when
+    // their parent dies, so that nothing outlives the job (group_support.h).
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    const std::string program = resolve_program(o.program[0]);
+    SignalWatch signals;
+    if (sets_omp_num_threads(o, environ)) {
+      launcher_message(fmt::format(
+          "setting OMP_NUM_THREADS=1 for each of the {} workers (it was unset) so "
+          "that they do not overload the CPUs; set it yourself to tune",
+          o.nproc_per_node));
+    }
+    RunDir dir(o);
+    Job job{o, program, dir, signals};
+    if (o.nnodes == 1) return single_node(job);
+    return o.node_rank == 0 ? coordinate(job) : follow(job);
+  } catch (const Interrupted& i) {
+    return exit_code_for(i.signal);
+  } catch (const std::exception& e) {
+    launcher_message(fmt::format("error: {}", e.what()));
+    return kExitFailure;
+  }
+}
+
+}  // namespace ddp::launcher

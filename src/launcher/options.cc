@@ -1,0 +1,377 @@
+#include "launcher/options.h"
+
+#include <fmt/format.h>
+#include <glob.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdlib>
+#include <ostream>
+
+#include "ddp/error.h"
+#include "launcher/help.h"
+
+namespace ddp::launcher {
+namespace {
+
+std::optional<long> parse_long(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  long v = std::strtol(s.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_double(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (errno != 0 || *end != '\0') return std::nullopt;
+  return v;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::string::size_type start = 0;
+  while (true) {
+    auto pos = s.find(sep, start);
+    parts.push_back(s.substr(start, pos - start));
+    if (pos == std::string::npos) break;
+    start = pos + 1;
+  }
+  return parts;
+}
+
+int count_gpus() {
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    std::string v(visible);
+    return v.empty() ? 0 : static_cast<int>(split(v, ',').size());
+  }
+  glob_t g{};
+  int n = 0;
+  if (glob("/dev/nvidia[0-9]*", 0, nullptr, &g) == 0) n = static_cast<int>(g.gl_pathc);
+  globfree(&g);
+  return n;
+}
+
+// The flags' raw text, checked and converted by finish_options().
+struct RawFlags {
+  std::string nproc = "1", nnodes = "1", redirects = "0", tee = "0";
+  std::string filter, rdzv_backend = "static", rdzv_endpoint, rdzv_conf;
+  std::string start_method = "spawn";
+  bool module = false, run_path = false, no_python = false, use_env = false;
+};
+
+}  // namespace
+
+int StdSpec::for_rank(int local_rank) const {
+  if (!is_mapping) return all;
+  auto it = per_rank.find(local_rank);
+  return it == per_rank.end() ? kStdNone : it->second;
+}
+
+bool StdSpec::any() const {
+  if (!is_mapping) return all != kStdNone;
+  for (const auto& [rank, streams] : per_rank) {
+    if (streams != kStdNone) return true;
+  }
+  return false;
+}
+
+StdSpec parse_std_spec(const std::string& text, const std::string& flag) {
+  auto bad = [&]() {
+    return InvalidArgument(fmt::format(
+        "{} '{}' is not valid: expected 0 (none), 1 (stdout), 2 (stderr) or 3 "
+        "(both), or per local rank like 0:1,1:2",
+        flag, text));
+  };
+  auto digit = [&](const std::string& s) {
+    auto v = parse_long(s);
+    if (!v || *v < 0 || *v > 3) throw bad();
+    return static_cast<int>(*v);
+  };
+  StdSpec spec;
+  if (text.find(':') == std::string::npos) {
+    spec.all = digit(text);
+    return spec;
+  }
+  spec.is_mapping = true;
+  for (const std::string& item : split(text, ',')) {
+    auto colon = item.find(':');
+    if (colon == std::string::npos) throw bad();
+    auto rank = parse_long(item.substr(0, colon));
+    if (!rank || *rank < 0) throw bad();
+    spec.per_rank[static_cast<int>(*rank)] = digit(item.substr(colon + 1));
+  }
+  return spec;
+}
+
+std::set<int> parse_rank_list(const std::string& text, const std::string& flag) {
+  std::set<int> ranks;
+  for (const std::string& item : split(text, ',')) {
+    auto v = parse_long(item);
+    if (!v || *v < 0) {
+      throw InvalidArgument(fmt::format(
+          "{} '{}' is not valid: expected local ranks like 0 or 0,2", flag, text));
+    }
+    ranks.insert(static_cast<int>(*v));
+  }
+  return ranks;
+}
+
+int resolve_nproc_per_node(const std::string& text) {
+  if (auto v = parse_long(text)) {
+    if (*v < 1 || *v > 4096) {
+      throw InvalidArgument(fmt::format(
+          "--nproc-per-node {} is out of range: expected 1..4096, cpu, gpu or "
+          "auto",
+          text));
+    }
+    return static_cast<int>(*v);
+  }
+  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  if (text == "cpu") return cpus;
+  if (text == "gpu" || text == "auto") {
+    int gpus = count_gpus();
+    if (gpus > 0) return gpus;
+    if (text == "auto") return cpus;
+    throw InvalidArgument(
+        "--nproc-per-node gpu: no GPU found (no /dev/nvidia<N>, "
+        "CUDA_VISIBLE_DEVICES empty or unset): pass a number or cpu");
+  }
+  throw InvalidArgument(fmt::format(
+      "--nproc-per-node '{}' is not valid: expected a number, cpu, gpu or auto",
+      text));
+}
+
+namespace {
+
+void add_flags(CLI::App& app, LaunchOptions& o, RawFlags& r) {
+  auto env = [](CLI::Option* opt, const char* name) { opt->envname(name); };
+  env(app.add_option("--nproc-per-node", r.nproc, kHelpNproc), "PET_NPROC_PER_NODE");
+  env(app.add_option("--nnodes", r.nnodes, kHelpNnodes), "PET_NNODES");
+  env(app.add_option("--node-rank", o.node_rank, kHelpNodeRank), "PET_NODE_RANK");
+  env(app.add_option("--master-addr", o.master_addr, kHelpMasterAddr), "PET_MASTER_ADDR");
+  env(app.add_option("--master-port", o.master_port, kHelpMasterPort), "PET_MASTER_PORT");
+  env(app.add_flag("--standalone", o.standalone, kHelpStandalone), "PET_STANDALONE");
+  env(app.add_option("--max-restarts", o.max_restarts, kHelpMaxRestarts), "PET_MAX_RESTARTS");
+  env(app.add_option("--monitor-interval", o.monitor_interval, kHelpMonitor),
+      "PET_MONITOR_INTERVAL");
+  app.add_option("--grace-period", o.grace_period, kHelpGrace);
+  env(app.add_option("--log-dir", o.log_dir, kHelpLogDir), "PET_LOG_DIR");
+  env(app.add_option("-r,--redirects", r.redirects, kHelpRedirects), "PET_REDIRECTS");
+  env(app.add_option("-t,--tee", r.tee, kHelpTee), "PET_TEE");
+  env(app.add_option("--local-ranks-filter", r.filter, kHelpFilter),
+      "PET_LOCAL_RANKS_FILTER");
+  env(app.add_option("--run-id,--rdzv-id", o.run_id, kHelpRunId), "PET_RDZV_ID");
+  env(app.add_option("--role", o.role, kHelpRole), "PET_ROLE");
+  env(app.add_option("--rdzv-backend", r.rdzv_backend, kHelpRdzvBackend),
+      "PET_RDZV_BACKEND");
+  env(app.add_option("--rdzv-endpoint", r.rdzv_endpoint, kHelpRdzvEndpoint),
+      "PET_RDZV_ENDPOINT");
+  env(app.add_option("--rdzv-conf", r.rdzv_conf, kHelpRdzvConf), "PET_RDZV_CONF");
+  env(app.add_flag("--no-python", r.no_python, kHelpNoPython), "PET_NO_PYTHON");
+  app.add_flag("-m,--module", r.module, kHelpModule);
+  app.add_flag("--run-path", r.run_path, kHelpRunPath);
+  app.add_option("--start-method", r.start_method, kHelpStartMethod);
+  app.add_flag("--use-env", r.use_env, kHelpUseEnv);
+  app.add_flag("--legacy-launch", o.legacy_local_rank_arg, kHelpLegacy);
+  app.set_version_flag("--version", "ddprun 0.1.0");
+}
+
+// Splits argv into the launcher's flags (names normalised from
+// --snake_case to --kebab-case) and the program with its arguments.
+std::vector<std::string> split_argv(const CLI::App& app, int argc,
+                                    const char* const* argv,
+                                    std::vector<std::string>& program) {
+  std::vector<std::string> flags;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      program.assign(argv + i + 1, argv + argc);
+      break;
+    }
+    if (a.size() < 2 || a[0] != '-') {
+      program.assign(argv + i, argv + argc);
+      break;
+    }
+    auto eq = a.find('=');
+    std::string name = a.substr(0, eq);
+    if (name.rfind("--", 0) == 0) {
+      for (char& c : name) c = (c == '_') ? '-' : c;
+      a = name + (eq == std::string::npos ? "" : a.substr(eq));
+    }
+    flags.push_back(a);
+    const CLI::Option* opt = app.get_option_no_throw(name);
+    bool takes_value = opt && opt->get_type_size() != 0 && opt->get_expected_min() > 0;
+    if (takes_value && eq == std::string::npos && name.size() > 1 && i + 1 < argc &&
+        (name.rfind("--", 0) == 0 || a.size() == 2)) {
+      flags.push_back(argv[++i]);
+    }
+  }
+  return flags;
+}
+
+std::pair<std::string, int> parse_endpoint(const std::string& text) {
+  auto colon = text.rfind(':');
+  std::string host = text.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  if (colon == std::string::npos) return {host, 29400};  // torchrun's default
+  auto port = parse_long(text.substr(colon + 1));
+  if (!port || *port < 1 || *port > 65535 || host.empty()) {
+    throw InvalidArgument(fmt::format(
+        "--rdzv-endpoint '{}' is not valid: expected host:port", text));
+  }
+  return {host, static_cast<int>(*port)};
+}
+
+void apply_rdzv_conf(const std::string& text, LaunchOptions& o) {
+  if (text.empty()) return;
+  for (const std::string& item : split(text, ',')) {
+    auto eq = item.find('=');
+    std::string key = item.substr(0, eq);
+    auto value = parse_double(eq == std::string::npos ? "" : item.substr(eq + 1));
+    bool known = key == "join_timeout" || key == "keep_alive_interval" ||
+                 key == "keep_alive_max_attempt";
+    if (!known) continue;  // torchrun's other keys tune its own rendezvous
+    if (!value || *value <= 0) {
+      throw InvalidArgument(fmt::format(
+          "--rdzv-conf '{}': {} needs a positive number", text, key));
+    }
+    if (key == "join_timeout") o.join_timeout = *value;
+    if (key == "keep_alive_interval") o.keep_alive_interval = *value;
+    if (key == "keep_alive_max_attempt") o.keep_alive_max_attempt = static_cast<int>(*value);
+  }
+}
+
+void check_nodes(const RawFlags& r, LaunchOptions& o) {
+  auto parts = split(r.nnodes, ':');
+  auto lo = parse_long(parts.front());
+  auto hi = parse_long(parts.back());
+  if (parts.size() > 2 || !lo || !hi || *lo < 1) {
+    throw InvalidArgument(fmt::format(
+        "--nnodes '{}' is not valid: expected a positive number of nodes",
+        r.nnodes));
+  }
+  if (*lo != *hi) {
+    throw InvalidArgument(fmt::format(
+        "--nnodes {}: elastic node ranges are not supported; pass a fixed "
+        "number of nodes (--nnodes N)",
+        r.nnodes));
+  }
+  o.nnodes = static_cast<int>(*lo);
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
+    throw InvalidArgument(fmt::format(
+        "--node-rank {} is out of range for --nnodes {}: expected 0..{}",
+        o.node_rank, o.nnodes, o.nnodes - 1));
+  }
+  if (o.standalone && o.nnodes != 1) {
+    throw InvalidArgument(fmt::format(
+        "--standalone runs one node, but --nnodes is {}: drop --standalone "
+        "and pass --master-addr/--master-port",
+        o.nnodes));
+  }
+}
+
+void check_rdzv(const RawFlags& r, LaunchOptions& o) {
+  if (r.rdzv_backend != "static" && r.rdzv_backend != "c10d") {
+    throw InvalidArgument(fmt::format(
+        "--rdzv-backend '{}' is not supported: ddprun rendezvouses like "
+        "torchrun's static and c10d backends; pass static or c10d",
+        r.rdzv_backend));
+  }
+  if (!r.rdzv_endpoint.empty() && !o.standalone) {
+    std::tie(o.master_addr, o.master_port) = parse_endpoint(r.rdzv_endpoint);
+  }
+  apply_rdzv_conf(r.rdzv_conf, o);
+  if (o.master_addr.size() > 2 && o.master_addr.front() == '[') {
+    o.master_addr = o.master_addr.substr(1, o.master_addr.size() - 2);
+  }
+  if (o.master_port < 1 || o.master_port > 65535) {
+    throw InvalidArgument(fmt::format(
+        "--master-port {} is out of range: expected 1..65535", o.master_port));
+  }
+  if (o.standalone) o.master_addr = "127.0.0.1";
+}
+
+void check_numbers(const LaunchOptions& o) {
+  if (o.max_restarts < 0) {
+    throw InvalidArgument(fmt::format(
+        "--max-restarts {} is negative: expected 0 or more", o.max_restarts));
+  }
+  if (!(o.monitor_interval > 0)) {
+    throw InvalidArgument(fmt::format(
+        "--monitor-interval {} must be a positive number of seconds",
+        o.monitor_interval));
+  }
+  if (!(o.grace_period >= 0)) {
+    throw InvalidArgument(fmt::format(
+        "--grace-period {} must be 0 or more seconds", o.grace_period));
+  }
+  if (o.keep_alive_max_attempt < 1) {
+    throw InvalidArgument("--rdzv-conf keep_alive_max_attempt must be >= 1");
+  }
+}
+
+void finish_options(const RawFlags& r, LaunchOptions& o) {
+  if (r.module || r.run_path) {
+    throw InvalidArgument(fmt::format(
+        "{} runs a Python module in the launcher's interpreter; ddprun runs "
+        "programs: use `ddprun [flags] python3 -u -m MODULE` instead",
+        r.module ? "--module" : "--run-path"));
+  }
+  if (o.program.empty()) {
+    throw InvalidArgument(
+        "no program given: usage is ddprun [flags] PROGRAM [ARGS...] (see "
+        "ddprun --help)");
+  }
+  o.nproc_per_node = resolve_nproc_per_node(r.nproc);
+  check_nodes(r, o);
+  check_rdzv(r, o);
+  check_numbers(o);
+  o.redirects = parse_std_spec(r.redirects, "--redirects");
+  o.tee = parse_std_spec(r.tee, "--tee");
+  if (!r.filter.empty()) {
+    o.local_ranks_filter = parse_rank_list(r.filter, "--local-ranks-filter");
+  }
+  // torch.distributed.launch: --use-env turns the --local_rank argument off.
+  if (r.use_env) o.legacy_local_rank_arg = false;
+}
+
+}  // namespace
+
+std::optional<int> parse_command_line(int argc, const char* const* argv,
+                                      LaunchOptions& options, std::ostream& out,
+                                      std::ostream& err) {
+  CLI::App app(kHelpDescription, "ddprun");
+  app.footer(kHelpFooter);
+  app.get_formatter()->column_width(30);
+  // The usage line: "Usage: ddprun [flags] PROGRAM [ARGS...]".
+  app.get_formatter()->label("OPTIONS", "flags] PROGRAM [ARGS...");
+  RawFlags raw;
+  LaunchOptions parsed;
+  add_flags(app, parsed, raw);
+  std::vector<std::string> program;
+  std::vector<std::string> flags = split_argv(app, argc, argv, program);
+  std::vector<std::string> reversed(flags.rbegin(), flags.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e, out, err);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    parsed.program = program;
+    finish_options(raw, parsed);
+  } catch (const InvalidArgument& e) {
+    err << "ddprun: error: " << e.what() << "\n";
+    return 2;
+  }
+  options = std::move(parsed);
+  return std::nullopt;
+}
+
+}  // namespace ddp::launcher

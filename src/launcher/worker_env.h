@@ -1,0 +1,47 @@
+// What each worker is given: the torchrun environment variables and, in the
+// legacy torch.distributed.launch mode, a --local_rank argument.
+//
+// Follows torchrun (torch/distributed/elastic/agent/server/
+// local_elastic_agent.py) except that the workers' rank 0 hosts the store:
+// TORCHELASTIC_USE_AGENT_STORE is removed from the environment.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "launcher/options.h"
+
+namespace ddp::launcher {
+
+// Where and which attempt: one per start of the worker group.
+struct AttemptInfo {
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT, 0 for the first
+  std::string master_addr;
+  int master_port = 0;
+};
+
+// The complete environment ("KEY=VALUE") of local rank `local_rank`: the
+// launcher's own environment `base` (null-terminated, like environ) with
+// RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+// GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR,
+// MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
+// TORCHELASTIC_RUN_ID and TORCHELASTIC_ERROR_FILE set; OMP_NUM_THREADS=1
+// when unset and nproc_per_node > 1; NCCL_ASYNC_ERROR_HANDLING=1 and
+// PYTHONUNBUFFERED=1 (torchrun's `python -u`) when unset.
+std::vector<std::string> worker_environment(const LaunchOptions& options,
+                                            int local_rank,
+                                            const AttemptInfo& attempt,
+                                            const std::string& error_file,
+                                            const char* const* base);
+
+// The program's argv for local rank `local_rank`: options.program, with
+// "--local_rank=N" after the program name in the legacy mode (as
+// torch.distributed.launch: `prog --local_rank=N args...`).
+std::vector<std::string> worker_arguments(const LaunchOptions& options,
+                                          int local_rank);
+
+// Whether ddprun sets OMP_NUM_THREADS (so the caller prints torchrun's
+// notice once): unset in `base` and more than one worker per node.
+bool sets_omp_num_threads(const LaunchOptions& options, const char* const* base);
+
+}  // namespace ddp::launcher
