@@ -14,9 +14,26 @@
 namespace ddp::detail {
 namespace {
 
+// PyTorch's dtype names (torch.float32 ...), without the "torch." prefix.
+std::string dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return "float32";
+    case c10::kDouble: return "float64";
+    case c10::kHalf: return "float16";
+    case c10::kBFloat16: return "bfloat16";
+    case c10::kLong: return "int64";
+    case c10::kInt: return "int32";
+    case c10::kShort: return "int16";
+    case c10::kChar: return "int8";
+    case c10::kByte: return "uint8";
+    case c10::kBool: return "bool";
+    default: return c10::toString(t);
+  }
+}
+
 std::string describe(const NamedTensor& t) {
   return fmt::format("{} '{}' [{}] {}{}", t.kind, t.name, fmt::join(t.tensor.sizes(), ", "),
-                     c10::toString(t.tensor.scalar_type()),
+                     dtype_name(t.tensor.scalar_type()),
                      t.tensor.requires_grad() ? "" : " (frozen)");
 }
 
@@ -27,25 +44,22 @@ std::vector<std::string> split_lines(const std::string& s) {
   return out;
 }
 
-// This rank's complaint about rank 0's list, or "" when they agree.
+// This rank's complaint about rank 0's list, or "" when they agree: the
+// count first, then the first tensor that differs.
 std::string compare(const std::vector<std::string>& root,
                     const std::vector<std::string>& mine, int rank) {
-  for (size_t i = 0; i < std::min(root.size(), mine.size()); ++i) {
-    if (root[i] != mine[i]) {
-      return fmt::format("tensor {}: rank 0 has {} but rank {} has {}", i, root[i], rank,
-                         mine[i]);
-    }
-  }
+  size_t first = 0;
+  while (first < root.size() && first < mine.size() && root[first] == mine[first]) ++first;
+  auto at = [](const std::vector<std::string>& v, size_t i) {
+    return i < v.size() ? v[i] : std::string("nothing");
+  };
+  std::string difference = fmt::format("at position {} rank 0 has {} but rank {} has {}",
+                                       first, at(root, first), rank, at(mine, first));
   if (root.size() != mine.size()) {
-    const auto& longer = root.size() > mine.size() ? root : mine;
-    return fmt::format(
-        "rank 0 has {} parameters and buffers but rank {} has {}; the first "
-        "one only {} has: {}",
-        root.size(), rank, mine.size(),
-        root.size() > mine.size() ? "rank 0" : fmt::format("rank {}", rank),
-        longer[std::min(root.size(), mine.size())]);
+    return fmt::format("rank 0 has {} parameters and buffers but rank {} has {}; {}",
+                       root.size(), rank, mine.size(), difference);
   }
-  return "";
+  return first < root.size() ? difference : "";
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "ddp/error.h"
+#include "support/model_state.h"
 #include "support/models.h"
 #include "support/thread_world.h"
 
@@ -16,6 +17,9 @@ using testing::BnCnn;
 using testing::Branchy;
 using testing::Mlp;
 using testing::Tied;
+using testing::copy_state;
+using testing::expect_same_state;
+using testing::state_of;
 
 constexpr int kSteps = 5;
 constexpr int kBatch = 4;  // per rank
@@ -35,38 +39,6 @@ Data make_data(int world, int steps = kSteps, int64_t in = 8) {
     d.y.push_back(torch::randn({world * kBatch, 4}));
   }
   return d;
-}
-
-// Parameters then buffers, by name, as detached clones.
-template <typename Net>
-std::vector<std::pair<std::string, at::Tensor>> state_of(const Net& m) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& p : m->named_parameters()) out.emplace_back(p.key(), p.value().detach().clone());
-  for (const auto& b : m->named_buffers()) out.emplace_back(b.key(), b.value().detach().clone());
-  return out;
-}
-
-template <typename Net>
-void copy_state(const Net& from, Net& to, double perturb) {
-  torch::NoGradGuard g;
-  auto src = from->named_parameters();
-  for (auto& p : to->named_parameters()) {
-    p.value().copy_(src[p.key()] + perturb);
-    p.value().set_requires_grad(src[p.key()].requires_grad());
-  }
-  auto bsrc = from->named_buffers();
-  for (auto& b : to->named_buffers()) b.value().copy_(bsrc[b.key()]);
-}
-
-void expect_same_state(const std::vector<std::pair<std::string, at::Tensor>>& a,
-                       const std::vector<std::pair<std::string, at::Tensor>>& b,
-                       const std::string& what, double atol = 1e-6) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_EQ(a[i].first, b[i].first) << what;
-    double diff = (a[i].second.to(at::kDouble) - b[i].second.to(at::kDouble)).abs().max().item<double>();
-    EXPECT_LE(diff, atol) << what << ": " << a[i].first << " differs by " << diff;
-  }
 }
 
 // One process, batch W*B: per-rank chunks go through forward separately (so

@@ -1,0 +1,154 @@
+// PyTorch's Python DistributedDataParallel as an oracle: the same scenarios
+// (initial weights written by this test, the same data, the same options)
+// trained by tests/oracle/ddp_oracle.py on 2 processes and by ddp on 2 ranks
+// must end with the same parameters and buffers within 1e-6.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ddp/distributed_data_parallel.h"
+#include "support/model_state.h"
+#include "support/models.h"
+#include "support/thread_world.h"
+
+namespace ddp::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr int kWorld = 2;
+constexpr int kBatch = 4;
+constexpr int kSteps = 4;
+
+struct Scenario {
+  std::string model;  // "mlp", "bncnn", "branchy"
+  int64_t in = 8;
+  bool find_unused = false;
+  bool bucket_view = false;
+  int accumulate = 1;
+  int aux_rank = -1;  // branchy: the rank whose forward uses the aux head
+};
+
+bool python_torch_available() {
+  return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+}
+
+json flat(const at::Tensor& t) {
+  at::Tensor c = t.detach().to(at::kDouble).contiguous();
+  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+
+template <typename Net>
+json state_json(const Net& m) {
+  json j;
+  for (const auto& [name, t] : state_of(m)) j[name] = flat(t);
+  return j;
+}
+
+template <typename Net>
+NamedState state_from_json(const Net& like, const json& j) {
+  NamedState out;
+  for (const auto& [name, t] : state_of(like)) {
+    std::vector<double> v = j.at(name).template get<std::vector<double>>();
+    out.emplace_back(name, torch::tensor(v, at::kDouble).view(t.sizes()).to(t.scalar_type()));
+  }
+  return out;
+}
+
+// Trains `init` on kWorld thread ranks with ddp; returns rank 0's state.
+template <typename Net>
+NamedState train_with_ddp(const Net& init, const Scenario& sc, const at::Tensor& x,
+                          const at::Tensor& y) {
+  std::vector<Net> models(kWorld);
+  for (auto& m : models) copy_state(init, m);
+  NamedState rank0;
+  run_ranks(kWorld, [&](int r) {
+    DistributedDataParallelOptions o;
+    o.find_unused_parameters = sc.find_unused;
+    o.gradient_as_bucket_view = sc.bucket_view;
+    DistributedDataParallel<Net> model(models[r], o);
+    torch::optim::SGD opt(model.parameters(), 0.1);
+    auto forward = [&](const at::Tensor& xs) {
+      if constexpr (std::is_same_v<Net, Branchy>) {
+        return model(xs, r == sc.aux_rank);
+      } else {
+        return model(xs);
+      }
+    };
+    for (int s = 0; s < kSteps; s += sc.accumulate) {
+      opt.zero_grad();
+      for (int k = 0; k < sc.accumulate; ++k) {
+        auto xs = x[s + k].narrow(0, r * kBatch, kBatch);
+        auto ys = y[s + k].narrow(0, r * kBatch, kBatch);
+        auto loss = torch::mse_loss(forward(xs), ys) / sc.accumulate;
+        if (k + 1 < sc.accumulate) {
+          auto guard = model.no_sync();
+          loss.backward();
+        } else {
+          loss.backward();
+        }
+      }
+      opt.step();
+    }
+    if (r == 0) rank0 = state_of(models[r]);
+  });
+  return rank0;
+}
+
+template <typename Net>
+void add_case(const Scenario& sc, json& spec, std::vector<std::function<void(const json&)>>& checks) {
+  torch::manual_seed(11 + static_cast<int>(checks.size()));
+  auto init = std::make_shared<Net>();
+  at::Tensor x = torch::randn({kSteps, kWorld * kBatch, sc.in});
+  at::Tensor y = torch::randn({kSteps, kWorld * kBatch, 4});
+  spec["scenarios"].push_back({{"model", sc.model},
+                               {"init", state_json(*init)},
+                               {"x", flat(x)}, {"x_shape", x.sizes().vec()},
+                               {"y", flat(y)}, {"y_shape", y.sizes().vec()},
+                               {"lr", 0.1}, {"batch", kBatch},
+                               {"accumulate", sc.accumulate}, {"aux_rank", sc.aux_rank},
+                               {"find_unused_parameters", sc.find_unused},
+                               {"gradient_as_bucket_view", sc.bucket_view}});
+  checks.push_back([init, sc, x, y](const json& result) {
+    NamedState ours = train_with_ddp(*init, sc, x, y);
+    expect_same_state(ours, state_from_json(*init, result), "scenario " + sc.model);
+  });
+}
+
+TEST(DdpOracle, MatchesPythonDistributedDataParallel) {
+  if (!python_torch_available()) {
+    GTEST_SKIP() << "/usr/bin/python3 with torch (Debian's python3-torch) is not "
+                    "installed; the Python DDP oracle cannot run";
+  }
+  json spec;
+  spec["world"] = kWorld;
+  std::vector<std::function<void(const json&)>> checks;
+  add_case<Mlp>({"mlp"}, spec, checks);
+  add_case<BnCnn>({"bncnn", 36}, spec, checks);
+  add_case<Mlp>({"mlp", 8, false, true}, spec, checks);          // gradient_as_bucket_view
+  add_case<Mlp>({"mlp", 8, false, false, 2}, spec, checks);      // no_sync, 2 micro-batches
+  add_case<Branchy>({"branchy", 8, true, false, 1, 1}, spec, checks);  // aux used on rank 1
+
+  fs::path dir = fs::temp_directory_path() / ("ddp-oracle-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "in.json") << spec.dump();
+  std::string cmd = "timeout 300 /usr/bin/python3 " DDP_SOURCE_DIR "/tests/oracle/ddp_oracle.py " +
+                    (dir / "in.json").string() + " " + (dir / "out.json").string() +
+                    " > " + (dir / "log.txt").string() + " 2>&1";
+  int rc = std::system(cmd.c_str());
+  std::ifstream log(dir / "log.txt");
+  std::string log_text((std::istreambuf_iterator<char>(log)), {});
+  ASSERT_EQ(rc, 0) << "the Python oracle failed:\n" << log_text;
+  json results = json::parse(std::ifstream(dir / "out.json"));
+  ASSERT_EQ(results.size(), checks.size());
+  for (size_t i = 0; i < checks.size(); ++i) checks[i](results[i]);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ddp::testing

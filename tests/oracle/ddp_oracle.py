@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""PyTorch's own DistributedDataParallel as an oracle for ddp's C++ one.
+
+Reads a JSON file of scenarios written by tests/ddp_oracle_test.cc (initial
+weights, data, options), trains each scenario with torch.nn.parallel.
+DistributedDataParallel on `world` processes (gloo, CPU), and writes every
+rank-0 final state as JSON. Architectures and parameter names match
+tests/support/models.h.
+
+Usage: /usr/bin/python3 ddp_oracle.py IN.json OUT.json
+"""
+import json
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 16)
+        self.fc3 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class BnCnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 3)
+        self.bn = nn.BatchNorm2d(3)
+        self.fc = nn.Linear(3 * 4 * 4, 4)
+
+    def forward(self, x):
+        return self.fc(F.relu(self.bn(self.conv(x.view(-1, 1, 6, 6)))).flatten(1))
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.head = nn.Linear(16, 4)
+        self.aux = nn.Linear(16, 4)
+
+    def forward(self, x, use_aux):
+        h = F.relu(self.body(x))
+        return self.head(h) + self.aux(h) if use_aux else self.head(h)
+
+
+MODELS = {"mlp": Mlp, "bncnn": BnCnn, "branchy": Branchy}
+
+
+def load_state(model, state):
+    with torch.no_grad():
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            t.copy_(torch.tensor(state[name], dtype=t.dtype).view_as(t))
+
+
+def run_scenario(rank, world, sc):
+    model = MODELS[sc["model"]]()
+    load_state(model, sc["init"])
+    ddp = nn.parallel.DistributedDataParallel(
+        model,
+        find_unused_parameters=sc.get("find_unused_parameters", False),
+        gradient_as_bucket_view=sc.get("gradient_as_bucket_view", False))
+    opt = torch.optim.SGD(ddp.parameters(), lr=sc["lr"])
+    x = torch.tensor(sc["x"], dtype=torch.float32).view(sc["x_shape"])
+    y = torch.tensor(sc["y"], dtype=torch.float32).view(sc["y_shape"])
+    b = sc["batch"]
+    acc = sc.get("accumulate", 1)
+    aux_rank = sc.get("aux_rank", -1)
+    for s in range(0, x.shape[0], acc):
+        opt.zero_grad()
+        for k in range(acc):
+            xs = x[s + k, rank * b:(rank + 1) * b]
+            ys = y[s + k, rank * b:(rank + 1) * b]
+            args = (xs, rank == aux_rank) if sc["model"] == "branchy" else (xs,)
+            if k + 1 < acc:
+                with ddp.no_sync():
+                    (F.mse_loss(ddp(*args), ys) / acc).backward()
+            else:
+                (F.mse_loss(ddp(*args), ys) / acc).backward()
+        opt.step()
+    return {n: t.detach().reshape(-1).tolist() for n, t in
+            list(model.named_parameters()) + list(model.named_buffers())}
+
+
+def worker(rank, world, init_file, scenarios, out_path):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + init_file,
+                            rank=rank, world_size=world)
+    results = [run_scenario(rank, world, sc) for sc in scenarios]
+    if rank == 0:
+        tmp = out_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(results, f)
+        os.replace(tmp, out_path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    spec = json.load(open(sys.argv[1]))
+    fd, init_file = tempfile.mkstemp(prefix="ddp-oracle-")
+    os.close(fd)
+    os.unlink(init_file)
+    mp.spawn(worker, args=(spec["world"], init_file, spec["scenarios"], sys.argv[2]),
+             nprocs=spec["world"], join=True)
+
+
+if __name__ == "__main__":
+    main()
