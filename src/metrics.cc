@@ -198,6 +198,14 @@ ReducedMetrics Metrics::local() const {
   return r;
 }
 
+// Equal values on every rank <=> sum(v^2) * W == sum(v)^2 (the equality case
+// of Cauchy-Schwarz). Both sums are exact in doubles for v < 2^16, W < 2^21.
+bool all_equal(double sum, double sum_sq, int world) {
+  using u128 = unsigned __int128;
+  return static_cast<u128>(sum_sq) * static_cast<u128>(world) ==
+         static_cast<u128>(sum) * static_cast<u128>(sum);
+}
+
 ReducedMetrics Metrics::reduce(const CollectiveOptions& options) const {
   std::vector<std::pair<std::string, MetricKind>> layout;
   std::vector<double> slots;
@@ -207,19 +215,20 @@ ReducedMetrics Metrics::reduce(const CollectiveOptions& options) const {
     slots.push_back(a.weight);
     push_int64(slots, a.count);
   }
-  // Equal hashes on every rank <=> sum(h^2) * W == sum(h)^2 (equality case
-  // of Cauchy-Schwarz); both sums are exact in doubles for W < 2^21.
+  if (layout.size() >= (1u << 16)) {
+    throw InvalidArgument("Metrics::reduce: " + std::to_string(layout.size()) +
+                          " metrics; at most 65535 are supported");
+  }
+  // The layout is checked in a fixed-size all_reduce first: ranks with a
+  // different number of metrics would otherwise pass tensors of different
+  // sizes to one all_reduce, which Gloo cannot survive.
+  const double n = static_cast<double>(layout.size());
   const double h = layout_hash(layout);
-  slots.push_back(h);
-  slots.push_back(h * h);
+  std::vector<double> check{n, n * n, h, h * h};
   const int world = group_size(options);
-  all_reduce_doubles(slots, options);
-
-  const size_t n = metrics_.size();
-  using u128 = unsigned __int128;
-  u128 s1 = static_cast<u128>(slots[4 * n]);
-  u128 s2 = static_cast<u128>(slots[4 * n + 1]);
-  if (s2 * static_cast<u128>(world) != s1 * s1) {
+  all_reduce_doubles(check, options);
+  if (!all_equal(check[0], check[1], world) ||
+      !all_equal(check[2], check[3], world)) {
     std::string names;
     for (const auto& [name, kind] : layout) {
       names += (names.empty() ? "" : ", ") + name + ":" + ddp::to_string(kind);
@@ -229,6 +238,7 @@ ReducedMetrics Metrics::reduce(const CollectiveOptions& options) const {
         "this rank has {" + names + "}. Add every metric on every rank (a "
         "rank without data can add_mean(name, 0, 0) or add_count(name, 0))");
   }
+  all_reduce_doubles(slots, options);
   ReducedMetrics r;
   size_t i = 0;
   for (const auto& [name, a] : metrics_) {

@@ -137,6 +137,22 @@ TEST(Metrics, DifferentNamesOnRanksAreAMismatchOnEveryRank) {
   }
 }
 
+TEST(Metrics, ADifferentNumberOfMetricsIsAMismatchOnEveryRank) {
+  testing::ThreadWorldOptions o;
+  o.timeout = std::chrono::seconds(5);
+  auto errors = run_ranks_collect(2, [](int r) {
+    Metrics m;
+    m.add_mean("loss", 1.0);
+    if (r == 1) m.add_count("extra", 1);
+    m.reduce();
+  }, o);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    EXPECT_TRUE(is_a<MismatchError>(errors[r])) << "rank " << r << ": " << message_of(errors[r]);
+  }
+  EXPECT_NE(message_of(errors[1]).find("this rank has {extra:count, loss:mean}"),
+            std::string::npos) << message_of(errors[1]);
+}
+
 TEST(Metrics, AddingANameWithAnotherKindThrows) {
   Metrics m;
   m.add_mean("loss", 1.0);

@@ -4,7 +4,7 @@
 // Each rank sees its own shard of the data, so a rank's loss or accuracy is
 // not the job's. PyTorch programs all_reduce a tensor of partial sums and
 // divide by the total sample count (as torchmetrics does); this file packages
-// that, in one all_reduce per call.
+// that: one all_reduce per call (Metrics::reduce adds a small check).
 //
 //   ddp::Metrics m;                           // one per epoch (or reset())
 //   for (auto& batch : loader) {
@@ -61,7 +61,7 @@ double reduce_weighted_mean(double value_sum, double weight,
 // two's complement).
 int64_t reduce_count(int64_t count, const CollectiveOptions& options = {});
 
-// --- several metrics: one all_reduce for all --------------------------------
+// --- several metrics: one all_reduce for all values -------------------------
 
 enum class MetricKind {
   kSum,    // sum of the added values over ranks (double)
@@ -103,10 +103,10 @@ class ReducedMetrics {
 };
 
 // Accumulates named metrics on one rank and reduces them across ranks in a
-// single all_reduce. Names are kept sorted, so ranks may add them in any
-// order, but every rank must have added the same names with the same kinds
-// before reduce() (add a zero, e.g. add_mean(name, 0, 0), on a rank that saw
-// no data). A name keeps the kind it was first added with; adding it with
+// single all_reduce of values (after a 4-value layout check). Names are kept
+// sorted, so ranks may add them in any order, but every rank must have added
+// the same names with the same kinds before reduce() (add a zero, e.g.
+// add_mean(name, 0, 0), on a rank that saw no data). A name keeps the kind it was first added with; adding it with
 // another kind throws InvalidArgument naming both.
 // Not thread-safe: one Metrics per thread, or lock around it.
 class Metrics {
@@ -123,14 +123,15 @@ class Metrics {
   // This rank's own values, not reduced (no communication).
   ReducedMetrics local() const;
 
-  // Collective. Reduces every metric over the group in one all_reduce of a
-  // double tensor (4 slots per metric plus 2). Does not change the local
-  // accumulation (call reset() for the next epoch).
-  // Throws MismatchError on every rank when the ranks' names or kinds
-  // differ (detected with a 16-bit hash of the names: a difference escapes
-  // with probability 2^-16); errors of all_reduce otherwise. Ranks whose
-  // metric count differs are not detected by the hash but make the
-  // all_reduce fail or time out, as mismatched tensors do in PyTorch.
+  // Collective. Reduces every metric over the group: one all_reduce of 4
+  // doubles that checks the ranks agree on the metrics (their number, and a
+  // 16-bit hash of names and kinds), then one all_reduce of 4 doubles per
+  // metric with all the values. Does not change the local accumulation
+  // (call reset() for the next epoch).
+  // Throws MismatchError on every rank when the ranks' metrics differ (a
+  // difference in names or kinds escapes the hash with probability 2^-16),
+  // InvalidArgument for 65536 metrics or more, errors of all_reduce
+  // otherwise.
   ReducedMetrics reduce(const CollectiveOptions& options = {}) const;
 
   void reset() { metrics_.clear(); }
