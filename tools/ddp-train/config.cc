@@ -1,0 +1,73 @@
+#include "config.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "ddp/env.h"
+#include "ddp/error.h"
+
+namespace ddp::train {
+
+TrainConfig parse_args(int argc, char** argv) {
+  ddp::local_rank_from_argv(argc, argv);  // the rank comes from the environment
+  TrainConfig c;
+  CLI::App app{
+      "ddp-train: data-parallel training of a CNN on Fashion-MNIST.\n"
+      "Run it under a launcher, e.g.: ddprun --standalone --nproc-per-node 2 ddp-train"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--epochs", c.epochs, "Training epochs")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", c.batch_size,
+                 "Batch size per process (global batch = this x world size)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lr", c.lr, "Learning rate (before --scale-lr)")->check(CLI::PositiveNumber);
+  app.add_flag("--scale-lr", c.scale_lr, "Multiply the learning rate by the world size");
+  app.add_option("--optimizer", c.optimizer, "adam or sgd (momentum 0.9)")
+      ->check(CLI::IsMember({"adam", "sgd"}));
+  app.add_option("--seed", c.seed, "Seed for weights, dropout and the sampler's shuffling");
+  app.add_option("--backend", c.backend, "gloo or nccl")->check(CLI::IsMember({"gloo", "nccl"}));
+  app.add_option("--device", c.device, "cpu, or cuda (uses cuda:LOCAL_RANK)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--data-dir", c.data_dir, "Directory with the Fashion-MNIST *-ubyte.gz files");
+  app.add_option("--workers", c.workers, "Loader threads per process (num_workers)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--out-dir", c.out_dir, "Where rank 0 writes metrics.jsonl and the plot");
+  app.add_option("--checkpoint-dir", c.checkpoint_dir,
+                 "Checkpoints, one per epoch (default: <out-dir>/checkpoints)");
+  app.add_flag("--resume", c.resume, "Continue from the latest checkpoint, if any");
+  app.add_option("--max-steps", c.max_steps, "Stop after this many optimizer steps (quick runs)");
+  app.add_option("--train-samples", c.train_samples,
+                 "Use only the first N training images (quick runs)");
+  app.add_option("--test-samples", c.test_samples, "Use only the first N test images");
+  app.add_flag("--find-unused-parameters", c.find_unused_parameters,
+               "DistributedDataParallel's find_unused_parameters");
+  app.add_option("--log-every", c.log_every, "Steps between progress lines when not a terminal")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--timeout", c.timeout_s, "Seconds any collective may wait")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--threads", c.threads, "Torch threads per process (0: OMP_NUM_THREADS or 1)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-plot", c.no_plot, "Do not draw metrics.png");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::exit(app.exit(e));
+  } catch (const CLI::ParseError& e) {
+    throw InvalidArgument(fmt::format("ddp-train: {} (see ddp-train --help)", e.what()));
+  }
+  if (c.checkpoint_dir.empty()) c.checkpoint_dir = c.out_dir + "/checkpoints";
+  return c;
+}
+
+std::string describe(const TrainConfig& c, int world_size) {
+  return fmt::format(
+      "ddp-train: world_size {}, batch {} per process ({} global), {} lr {}{}, {} epochs, "
+      "seed {}, backend {}, device {}, {} loader thread(s)",
+      world_size, c.batch_size, c.batch_size * world_size, c.optimizer,
+      c.scale_lr ? c.lr * world_size : c.lr, c.scale_lr ? " (scaled)" : "", c.epochs, c.seed,
+      c.backend, c.device, c.workers);
+}
+
+}  // namespace ddp::train

@@ -1,0 +1,41 @@
+// ddp-train's configuration: its flags, parsed with CLI11.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ddp::train {
+
+struct TrainConfig {
+  int epochs = 10;
+  int64_t batch_size = 64;     // per process; the global batch is x world size
+  double lr = 0.001;           // before --scale-lr
+  bool scale_lr = false;       // lr x world size (linear scaling rule)
+  std::string optimizer = "adam";  // "adam" or "sgd" (momentum 0.9)
+  uint64_t seed = 0;
+  std::string backend = "gloo";
+  std::string device = "cpu";  // "cpu" or "cuda" (cuda:LOCAL_RANK)
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  int workers = 1;             // loader threads per process (num_workers)
+  std::string out_dir = "ddp-train-out";  // metrics.jsonl, plot, checkpoints
+  std::string checkpoint_dir;  // default: <out_dir>/checkpoints
+  bool resume = false;
+  int64_t max_steps = -1;      // stop after this many optimizer steps
+  int64_t train_samples = -1;  // use the first N training images (tests)
+  int64_t test_samples = -1;   // use the first N test images (tests)
+  bool find_unused_parameters = false;
+  int log_every = 50;          // steps between progress lines (not a tty)
+  double timeout_s = 600;      // bound on every collective
+  int threads = 0;             // torch intra-op threads; 0: OMP_NUM_THREADS or 1
+  bool no_plot = false;
+};
+
+// Parses argv (also accepts --local_rank=N / --local-rank N from
+// torch.distributed.launch). Prints help and exits 0 for --help; throws
+// ddp::InvalidArgument naming the flag for a bad value.
+TrainConfig parse_args(int argc, char** argv);
+
+// One line describing the run, for logs.
+std::string describe(const TrainConfig& config, int world_size);
+
+}  // namespace ddp::train

@@ -1,0 +1,282 @@
+#include "train.h"
+
+#include <ATen/ops/cross_entropy_loss.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "ddp/ddp.h"
+#include "ddp/datasets/batch_loader.h"
+#include "ddp/datasets/fashion_mnist.h"
+#include "model.h"
+#include "report.h"
+
+namespace ddp::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+struct Run {
+  TrainConfig config;
+  int rank = 0, world = 1;
+  c10::Device device{c10::kCPU};
+  FashionCnn net{nullptr};
+  std::unique_ptr<DistributedDataParallel<FashionCnn>> model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<datasets::FashionMnist> train_set, test_set;
+  int64_t train_size = 0, test_size = 0;
+  int start_epoch = 0;
+  int64_t step = 0;
+  int64_t skip_batches = 0;  // resuming inside an epoch
+  bool terminal = false;
+  Clock::time_point started = Clock::now();
+};
+
+c10::Device pick_device(const TrainConfig& c) {
+  if (c.device == "cpu") return c10::Device(c10::kCPU);
+  if (!torch::cuda::is_available()) {
+    throw InvalidArgument(
+        "ddp-train: --device cuda, but this libtorch has no CUDA or no GPU is visible; use "
+        "--device cpu");
+  }
+  int local = get_local_rank();
+  if (local >= static_cast<int>(torch::cuda::device_count())) {
+    throw InvalidArgument(fmt::format(
+        "ddp-train: LOCAL_RANK {} has no GPU (only {} visible): start at most {} processes per "
+        "node",
+        local, torch::cuda::device_count(), torch::cuda::device_count()));
+  }
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local));
+}
+
+void set_up(Run& r) {
+  const TrainConfig& c = r.config;
+  InitOptions io;
+  io.backend = c.backend;
+  io.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.timeout_s * 1000));
+  init_process_group(io);
+  r.rank = get_rank();
+  r.world = get_world_size();
+  r.device = pick_device(c);
+  datasets::FashionMnistOptions train_opts, test_opts;
+  train_opts.data_dir = test_opts.data_dir = c.data_dir;
+  test_opts.train = false;
+  r.train_set = std::make_unique<datasets::FashionMnist>(train_opts);
+  r.test_set = std::make_unique<datasets::FashionMnist>(test_opts);
+  auto limit = [](int64_t n, int64_t cap) { return cap > 0 ? std::min(n, cap) : n; };
+  r.train_size = limit(r.train_set->size(), c.train_samples);
+  r.test_size = limit(r.test_set->size(), c.test_samples);
+  torch::manual_seed(c.seed);  // the same initial weights everywhere
+  r.net = FashionCnn();
+  r.net->to(r.device);
+  DistributedDataParallelOptions o;
+  o.find_unused_parameters = c.find_unused_parameters;
+  if (r.device.is_cuda()) o.device_ids = {r.device};
+  r.model = std::make_unique<DistributedDataParallel<FashionCnn>>(r.net, o);
+  double lr = c.scale_lr ? c.lr * r.world : c.lr;
+  if (c.optimizer == "sgd") {
+    r.optimizer = std::make_unique<torch::optim::SGD>(
+        r.net->parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
+  } else {
+    r.optimizer = std::make_unique<torch::optim::Adam>(r.net->parameters(),
+                                                       torch::optim::AdamOptions(lr));
+  }
+  torch::manual_seed(c.seed + 1 + static_cast<uint64_t>(r.rank));  // own dropout masks
+  r.terminal = broadcast_value<int>(r.rank == 0 && ::isatty(STDOUT_FILENO), 0) != 0;
+}
+
+void maybe_resume(Run& r) {
+  if (!r.config.resume) return;
+  auto ckpt = load_latest_checkpoint(r.config.checkpoint_dir, r.device);
+  if (!ckpt) {
+    print0("ddp-train: --resume: no checkpoint in " + r.config.checkpoint_dir + ", starting afresh");
+    return;
+  }
+  restore_checkpoint(*ckpt, *r.net, r.optimizer.get());
+  r.start_epoch = static_cast<int>(ckpt->epoch);
+  r.step = ckpt->step;
+  auto it = ckpt->metadata.find("epoch_batches");
+  r.skip_batches = it == ckpt->metadata.end() ? 0 : std::stoll(it->second);
+  print0(fmt::format("ddp-train: resumed from {} (epoch {}, step {}, {} batches into the epoch)",
+                     ckpt->path, r.start_epoch, r.step, r.skip_batches));
+}
+
+// Exact accuracy over the first test_size test images: each rank evaluates
+// its share without the sampler's padding, so every image counts once.
+void evaluate(Run& r, EpochRecord& rec) {
+  DistributedSamplerOptions so;
+  so.shuffle = false;
+  DistributedSampler sampler(r.test_size, so);
+  std::vector<int64_t> mine(sampler.indices().begin(),
+                            sampler.indices().begin() + sampler.num_unique_samples());
+  datasets::BatchLoaderOptions lo;
+  lo.batch_size = 500;
+  lo.workers = r.config.workers;
+  datasets::BatchLoader loader(
+      [&](c10::ArrayRef<int64_t> idx) { return r.test_set->get_batch(idx); }, mine, lo);
+  r.model->eval();
+  torch::NoGradGuard no_grad;
+  Metrics m;
+  m.add_count("correct", 0);
+  m.add_count("images", 0);
+  m.add_mean("loss", 0, 0);
+  while (auto b = loader.next()) {
+    at::Tensor x = b->data.to(r.device), y = b->target.to(r.device);
+    at::Tensor out = (*r.model)(x);
+    m.add_mean("loss", at::cross_entropy_loss(out, y).item<double>(), double(y.size(0)));
+    m.add_count("correct", out.argmax(1).eq(y).sum().item<int64_t>());
+    m.add_count("images", y.size(0));
+  }
+  ReducedMetrics all = m.reduce();
+  rec.test_images = all.count("images");
+  rec.test_accuracy = double(all.count("correct")) / double(std::max<int64_t>(rec.test_images, 1));
+  rec.test_loss = all.value("loss");
+  r.model->train();
+}
+
+// One epoch of training. Returns the number of the epoch's batches done,
+// which is less than all of them when --max-steps stopped it early.
+struct EpochProgress {
+  int64_t done = 0, batches = 0;
+  bool complete() const { return done == batches; }
+};
+
+EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
+  const TrainConfig& c = r.config;
+  DistributedSamplerOptions so;
+  so.seed = c.seed;
+  DistributedSampler sampler(r.train_size, so);
+  sampler.set_epoch(epoch);
+  sampler.reset();
+  std::vector<int64_t> indices = sampler.indices();
+  const int64_t batches = (static_cast<int64_t>(indices.size()) + c.batch_size - 1) / c.batch_size;
+  int64_t done = std::min(r.skip_batches, batches);
+  indices.erase(indices.begin(), indices.begin() + std::min<int64_t>(done * c.batch_size, indices.size()));
+  r.skip_batches = 0;
+  datasets::BatchLoaderOptions lo;
+  lo.batch_size = c.batch_size;
+  lo.workers = c.workers;
+  datasets::BatchLoader loader(
+      [&](c10::ArrayRef<int64_t> idx) { return r.train_set->get_batch(idx); }, indices, lo);
+  Progress progress(r.terminal, c.log_every, epoch + 1, c.epochs, batches);
+  Metrics epoch_m, window;
+  auto start = Clock::now(), window_start = start;
+  r.model->train();
+  while (auto b = loader.next()) {
+    at::Tensor x = b->data.to(r.device), y = b->target.to(r.device);
+    r.optimizer->zero_grad();
+    at::Tensor out = (*r.model)(x);
+    at::Tensor loss = at::cross_entropy_loss(out, y);
+    loss.backward();
+    r.optimizer->step();
+    ++r.step;
+    ++done;
+    double l = loss.item<double>();
+    int64_t correct = out.argmax(1).eq(y).sum().item<int64_t>(), n = y.size(0);
+    for (Metrics* m : {&epoch_m, &window}) {
+      m->add_mean("loss", l, double(n));
+      m->add_count("correct", correct);
+      m->add_count("samples", n);
+    }
+    const bool stop = c.max_steps > 0 && r.step >= c.max_steps && done < batches;
+    if (progress.due(done) || stop) {
+      ReducedMetrics w = window.reduce();
+      double acc = double(w.count("correct")) / double(std::max<int64_t>(w.count("samples"), 1));
+      if (r.rank == 0) progress.show(done, w.value("loss"), acc, w.count("samples") / seconds_since(window_start));
+      window.reset();
+      window_start = Clock::now();
+    }
+    if (stop) break;
+  }
+  progress.finish();
+  rec.epoch_time_s = seconds_since(start);
+  ReducedMetrics e = epoch_m.reduce();
+  rec.train_loss = e.value("loss");
+  rec.train_accuracy = double(e.count("correct")) / double(std::max<int64_t>(e.count("samples"), 1));
+  rec.samples_per_s = double(e.count("samples")) / std::max(rec.epoch_time_s, 1e-9);
+  return {done, batches};
+}
+
+// The point of data parallelism: every replica ends identical. Checked with
+// an exact checksum of all parameters and buffers, gathered from every rank.
+void check_replicas(Run& r) {
+  double sum = 0, abs_sum = 0;
+  torch::NoGradGuard no_grad;
+  for (const auto& t : r.net->parameters()) {
+    sum += t.to(at::kDouble).sum().item<double>();
+    abs_sum += t.to(at::kDouble).abs().sum().item<double>();
+  }
+  for (const auto& t : r.net->buffers()) sum += t.to(at::kDouble).sum().item<double>();
+  std::pair<double, double> mine{sum, abs_sum};
+  auto all = all_gather_value(mine);
+  for (int k = 1; k < r.world; ++k) {
+    if (all[k] != all[0]) {
+      throw MismatchError(fmt::format(
+          "ddp-train: the replicas differ after training: rank 0's parameter checksum is {:a} "
+          "but rank {}'s is {:a}",
+          all[0].first, k, all[k].first));
+    }
+  }
+  print0(fmt::format("ddp-train: parameters identical on all {} ranks (checksum {:a} {:a})",
+                     r.world, sum, abs_sum));
+}
+
+}  // namespace
+
+int run(const TrainConfig& config) {
+  Run r;
+  r.config = config;
+  torch::set_num_threads(config.threads > 0 ? config.threads
+                         : std::getenv("OMP_NUM_THREADS") ? std::max(1, std::atoi(std::getenv("OMP_NUM_THREADS")))
+                                                          : 1);
+  set_up(r);
+  print0(describe(config, r.world));
+  maybe_resume(r);
+  if (r.rank == 0) std::filesystem::create_directories(config.out_dir);
+  const std::string jsonl = config.out_dir + "/metrics.jsonl";
+  for (int epoch = r.start_epoch; epoch < config.epochs; ++epoch) {
+    if (config.max_steps > 0 && r.step >= config.max_steps) break;
+    EpochRecord rec;
+    rec.epoch = epoch + 1;
+    rec.world_size = r.world;
+    rec.global_batch = config.batch_size * r.world;
+    EpochProgress p = train_epoch(r, epoch, rec);
+    evaluate(r, rec);
+    rec.steps = r.step;
+    rec.wall_time_s = seconds_since(r.started);
+    print0(fmt::format(
+        "epoch {}/{}: train loss {:.4f} acc {:.4f} | test loss {:.4f} acc {:.4f} ({} images) | "
+        "{:.0f} samples/s, {:.1f} s",
+        rec.epoch, config.epochs, rec.train_loss, rec.train_accuracy, rec.test_loss,
+        rec.test_accuracy, rec.test_images, rec.samples_per_s, rec.epoch_time_s));
+    if (r.rank == 0) append_metrics(jsonl, rec);
+    // A checkpoint after every epoch, and where --max-steps stopped inside
+    // one: then epoch_batches says how far it got, so --resume continues at
+    // the next batch.
+    CheckpointOptions co;
+    co.keep_last = 3;
+    co.metadata["epoch_batches"] = std::to_string(p.complete() ? 0 : p.done);
+    save_checkpoint(config.checkpoint_dir, *r.net, r.optimizer.get(),
+                    p.complete() ? epoch + 1 : epoch, r.step, co);
+    if (!p.complete()) break;
+  }
+  print0(to_string(r.model->stats()));
+  check_replicas(r);
+  if (r.rank == 0 && !config.no_plot && std::filesystem::exists(jsonl)) {
+    plot_metrics(jsonl, config.out_dir + "/metrics.png");
+  }
+  barrier();
+  destroy_process_group();
+  return 0;
+}
+
+}  // namespace ddp::train
