@@ -216,14 +216,16 @@ void check_replicas(Run& r) {
     abs_sum += t.to(at::kDouble).abs().sum().item<double>();
   }
   for (const auto& t : r.net->buffers()) sum += t.to(at::kDouble).sum().item<double>();
-  std::pair<double, double> mine{sum, abs_sum};
-  auto all = all_gather_value(mine);
+  struct Checksum {
+    double sum, abs_sum;
+  };
+  auto all = all_gather_value(Checksum{sum, abs_sum});
   for (int k = 1; k < r.world; ++k) {
-    if (all[k] != all[0]) {
+    if (all[k].sum != all[0].sum || all[k].abs_sum != all[0].abs_sum) {
       throw MismatchError(fmt::format(
           "ddp-train: the replicas differ after training: rank 0's parameter checksum is {:a} "
           "but rank {}'s is {:a}",
-          all[0].first, k, all[k].first));
+          all[0].sum, k, all[k].sum));
     }
   }
   print0(fmt::format("ddp-train: parameters identical on all {} ranks (checksum {:a} {:a})",
