@@ -1,0 +1,103 @@
+// ddp-train through ddprun on a subset of Fashion-MNIST (--train-samples):
+// it learns, every rank ends with the same parameters, the metrics are
+// complete, --resume from a checkpoint written inside an epoch ends exactly
+// where an uninterrupted run ends, and bad input fails with a clear message.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ddp/checkpoint.h"
+#include "launcher/process_harness.h"
+
+namespace ddp::testing {
+namespace {
+
+const char* kData = "/usr/share/datasets/fashion-mnist";
+
+bool have_data() { return std::ifstream(std::string(kData) + "/train-images-idx3-ubyte.gz").good(); }
+
+// 2 ranks, 3840 training images: 30 steps of 2 x 64 per epoch.
+ProcessResult train(const std::string& out, std::vector<std::string> extra) {
+  std::vector<std::string> argv = {DDPRUN_PATH, "--standalone", "--nproc-per-node", "2",
+                                   DDP_TRAIN_PATH, "--out-dir", out, "--train-samples", "3840",
+                                   "--test-samples", "1000", "--epochs", "2", "--log-every", "10",
+                                   "--timeout", "120"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return run_process(argv, {}, 300);
+}
+
+std::vector<nlohmann::json> records(const std::string& out) {
+  std::vector<nlohmann::json> r;
+  std::ifstream in(out + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) r.push_back(nlohmann::json::parse(line));
+  return r;
+}
+
+class DdpTrain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+    dir_ = make_temp_dir();
+  }
+  void TearDown() override {
+    if (!dir_.empty()) remove_tree(dir_);
+  }
+  std::string dir_;
+};
+
+TEST_F(DdpTrain, LearnsAndKeepsReplicasIdentical) {
+  ProcessResult r = train(dir_ + "/a", {});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(lines_with(r.out, "parameters identical on all 2 ranks").size(), 1u) << r.out;
+  EXPECT_EQ(lines_with(r.out, "epoch 1/2: train loss").size(), 1u) << "rank 0 alone prints: " << r.out;
+  EXPECT_EQ(lines_with(r.out, "[rank1]").size(), 0u) << r.out;
+  auto recs = records(dir_ + "/a");
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[1]["test_images"], 1000);  // padding never counts an image twice
+  EXPECT_EQ(recs[1]["steps"], 60);
+  EXPECT_EQ(recs[1]["global_batch"], 128);
+  EXPECT_GT(recs[1]["test_accuracy"].get<double>(), 0.70);
+  EXPECT_LT(recs[1]["train_loss"].get<double>(), recs[0]["train_loss"].get<double>());
+  EXPECT_TRUE(latest_checkpoint_path(dir_ + "/a/checkpoints").has_value());
+}
+
+TEST_F(DdpTrain, ResumeInsideAnEpochEndsLikeAnUninterruptedRun) {
+  ProcessResult full = train(dir_ + "/full", {"--no-plot"});
+  ASSERT_EQ(full.exit_code, 0) << full.out << full.err;
+  ProcessResult first = train(dir_ + "/split", {"--no-plot", "--max-steps", "45"});
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  ProcessResult second = train(dir_ + "/split", {"--no-plot", "--resume"});
+  ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
+  EXPECT_EQ(lines_with(second.out, "(epoch 1, step 45, 15 batches into the epoch)").size(), 1u)
+      << second.out;
+  Checkpoint a = load_checkpoint(*latest_checkpoint_path(dir_ + "/full/checkpoints"));
+  Checkpoint b = load_checkpoint(*latest_checkpoint_path(dir_ + "/split/checkpoints"));
+  EXPECT_EQ(a.epoch, 2);
+  EXPECT_EQ(b.epoch, 2);
+  EXPECT_EQ(a.step, 60);
+  EXPECT_EQ(b.step, 60);
+  ASSERT_EQ(a.model.size(), b.model.size());
+  for (size_t i = 0; i < a.model.size(); ++i) {
+    EXPECT_TRUE(a.model[i].value().equal(b.model[i].value())) << a.model[i].key();
+  }
+}
+
+TEST_F(DdpTrain, MissingDataNamesTheFile) {
+  ProcessResult r = run_process({DDPRUN_PATH, "--standalone", "--nproc-per-node", "2",
+                                 DDP_TRAIN_PATH, "--data-dir", dir_ + "/nothing"},
+                                {}, 120);
+  EXPECT_NE(r.exit_code, 0);
+  std::string all = r.out + r.err;
+  EXPECT_NE(all.find(dir_ + "/nothing/train-images-idx3-ubyte.gz"), std::string::npos) << all;
+}
+
+TEST_F(DdpTrain, DemoAllReducesOnThreeRanks) {
+  ProcessResult r = run_process({DDPRUN_PATH, "--standalone", "--nproc-per-node", "3",
+                                 DDP_DEMO_PATH}, {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(lines_with(r.out, "world_size 3, all_reduce sum 6 (correct)").size(), 1u) << r.out;
+}
+
+}  // namespace
+}  // namespace ddp::testing
