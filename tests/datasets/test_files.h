@@ -1,0 +1,41 @@
+// Helpers for the dataset tests: crafted IDX files (plain or gzip), a
+// temporary directory, and the Python oracle.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp {
+namespace testing {
+
+// An IDX file: big-endian magic, sizes, then `payload` as given.
+std::string idx_bytes(uint32_t magic, const std::vector<uint32_t>& dims, const std::string& payload);
+
+// `data` gzip-compressed (one member, with CRC and length trailer).
+std::string gzip(const std::string& data);
+
+void write_file(const std::string& path, const std::string& bytes);
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents on
+// destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Runs `script` with /usr/bin/python3 (Debian's, the oracle) under a
+// 120 s timeout and returns its stdout; fails the test (ADD_FAILURE) and
+// returns "" if it exits non-zero.
+std::string run_python(const std::string& script);
+
+}  // namespace testing
+}  // namespace ddp
