@@ -3,51 +3,17 @@
 // (buffer broadcast, reducer preparation) and no_sync.
 #include "ddp/distributed_data_parallel.h"
 
+#include <ATen/ops/full.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 #include <unordered_set>
 
 #include "ddp/error.h"
+#include "ddp_core.h"
 #include "model_sync.h"
-#include "reducer.h"
 
 namespace ddp::detail {
-
-class DdpCore {
- public:
-  DdpCore(std::shared_ptr<torch::nn::Module> module,
-          const DistributedDataParallelOptions& options);
-
-  void pre_forward();
-  void post_forward(const std::vector<at::Tensor>& outputs, bool known);
-  bool wants_outputs() const {
-    return options_.find_unused_parameters && syncing_now();
-  }
-  bool syncing_now() const { return at::GradMode::is_enabled() && grad_sync_; }
-  DdpStats stats() const;
-
-  bool grad_sync_ = true;
-
- private:
-  void check_options() const;
-  void collect(std::vector<NamedTensor>& all, std::vector<std::string>& names,
-               std::vector<at::Tensor>& params);
-
-  std::shared_ptr<torch::nn::Module> module_;
-  DistributedDataParallelOptions options_;
-  ProcessGroupPtr group_;
-  CollectiveOptions copts_;
-  std::vector<at::Tensor> buffers_;
-  std::shared_ptr<Reducer> reducer_;
-  // PyTorch syncs buffers before a forward only if the previous forward
-  // synchronised gradients (require_forward_param_sync); we follow it.
-  bool require_forward_param_sync_ = true;
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point forward_start_;
-  int64_t forwards_ = 0;
-  double forward_s_ = 0, buffer_s_ = 0;
-};
 
 DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module,
                  const DistributedDataParallelOptions& options)
@@ -60,11 +26,10 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module,
   std::vector<std::string> names;
   std::vector<at::Tensor> params;
   collect(all, names, params);
+  for (const auto& t : all) state_tensors_.push_back(t.tensor);
   if (options_.init_sync && group_->size() > 1) {
     verify_same_model(all, copts_);
-    std::vector<at::Tensor> tensors;
-    for (const auto& t : all) tensors.push_back(t.tensor);
-    broadcast_coalesced(tensors, 0, copts_);
+    broadcast_coalesced(state_tensors_, 0, copts_);
   }
   ReducerOptions ro;
   ro.bucket_cap_bytes = static_cast<int64_t>(options_.bucket_cap_mb * (1 << 20));
@@ -136,13 +101,34 @@ void DdpCore::collect(std::vector<NamedTensor>& all, std::vector<std::string>& n
 
 void DdpCore::pre_forward() {
   forward_start_ = Clock::now();
-  if (syncing_now()) reducer_->prepare_for_forward();
+  if (syncing_now()) {
+    if (join_) {
+      // Note [Join protocol]: the first collective of every synchronised
+      // iteration; finished ranks answer it from shadow_iteration().
+      int training = count_ranks_training(true);
+      reducer_->set_iteration_users(
+          training, join_->divide_by_initial_world_size ? group_->size() : training);
+    }
+    reducer_->prepare_for_forward();
+  }
   if (options_.broadcast_buffers && require_forward_param_sync_ && !buffers_.empty() &&
       group_->size() > 1) {
-    auto t0 = Clock::now();
-    broadcast_coalesced(buffers_, 0, copts_);
-    buffer_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    sync_buffers(/*candidate=*/true);
   }
+}
+
+// Rank 0's buffers, or with join the highest rank still training (a
+// finished rank's buffers are stale).
+void DdpCore::sync_buffers(bool candidate) {
+  auto t0 = Clock::now();
+  int src = 0;
+  if (join_) {
+    at::Tensor r = at::full({1}, candidate ? group_->rank() : -1, at::kInt);
+    all_reduce(r, ReduceOp::MAX, copts_);
+    src = r.item<int>();
+  }
+  broadcast_coalesced(buffers_, src, copts_);
+  buffer_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 void DdpCore::post_forward(const std::vector<at::Tensor>& outputs, bool known) {

@@ -24,7 +24,18 @@ double since(std::chrono::steady_clock::time_point t0,
 
 }  // namespace
 
+void Reducer::set_iteration_users(int users, int divisor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  next_users_ = users;
+  next_divisor_ = std::max(divisor, 1);
+}
+
 void Reducer::reset_iteration() {
+  users_ = next_users_;
+  if (next_divisor_ != divisor_) {
+    divisor_ = next_divisor_;
+    for (Bucket& b : buckets_) b.scale.fill_(1.0 / divisor_);
+  }
   std::fill(ready_.begin(), ready_.end(), 0);
   for (Bucket& b : buckets_) {
     b.pending = b.params.size();
@@ -179,15 +190,33 @@ void Reducer::launch(size_t k) {
     timing_->launched = true;
     timing_->first_launch = Timing::Clock::now();
   }
+  start_all_reduce(k);
+}
+
+void Reducer::start_all_reduce(size_t k) {
+  Bucket& b = buckets_[k];
   CollectiveOptions copts{group_, options_.timeout};
   std::vector<at::Tensor> tensors{b.flat};
   b.work = Work(start_work(
-      copts, fmt::format("all_reduce of gradient bucket {} of {}", k, buckets_.size()),
+      copts,
+      fmt::format("all_reduce of gradient bucket {} of {} (iteration {})", k, buckets_.size(),
+                  iterations_),
       [&](compat::Backend& backend, std::chrono::milliseconds t) {
         c10d::AllreduceOptions o;
         o.timeout = t;
         return backend.allreduce(tensors, o);
       }));
+}
+
+void Reducer::shadow_backward() {
+  std::lock_guard<std::mutex> lock(mu_);
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    buckets_[k].flat.zero_();
+    start_all_reduce(k);
+  }
+  for (Bucket& b : buckets_) b.work.wait();
+  ++iterations_;
 }
 
 void Reducer::finalize_backward() {
@@ -249,14 +278,13 @@ void Reducer::check_unused(const std::vector<float>& counts) {
   int64_t unused = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     int used_by = static_cast<int>(counts[i] + 0.5f);
-    if (used_by == world_size_) continue;
+    if (used_by == users_) continue;
     ++unused;
     if (options_.find_unused_parameters) continue;
     std::string where =
-        used_by == 0 ? fmt::format("unused on all {} ranks", world_size_)
+        used_by == 0 ? fmt::format("unused on all {} ranks", users_)
                      : fmt::format("{} on this rank; used on {} of {} ranks",
-                                   produced_here(i) ? "used" : "unused", used_by,
-                                   world_size_);
+                                   produced_here(i) ? "used" : "unused", used_by, users_);
     problems.push_back(fmt::format("  {} ({})", params_[i].name, where));
   }
   unused_last_ = unused;

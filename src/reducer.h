@@ -81,6 +81,14 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   void fill_stats(DdpStats& stats) const;
 
+  // Join (see join.h): for the next synchronised iteration, `users` ranks
+  // produce gradients and the sum is divided by `divisor`. Default: the
+  // world size for both.
+  void set_iteration_users(int users, int divisor);
+  // A finished rank's part of one iteration of the ranks still training:
+  // all-reduces zeros (gradients and used flags) in every bucket, in order.
+  void shadow_backward();
+
  private:
   struct Param;
   struct Bucket;
@@ -95,6 +103,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void mark_ready(size_t index, bool produced);
   void launch_ready_buckets();
   void launch(size_t bucket);
+  void start_all_reduce(size_t bucket);
   void finalize_backward();
   void wait_and_write_back(std::vector<float>& counts);
   void check_unused(const std::vector<float>& counts);
@@ -107,6 +116,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   ProcessGroupPtr group_;
   ReducerOptions options_;
   int world_size_;
+  int users_ = 0;          // ranks producing gradients this iteration
+  int divisor_ = 0;        // the scale in every bucket is 1 / divisor_
+  int next_users_ = 0, next_divisor_ = 0;  // set_iteration_users()
 
   mutable std::mutex mu_;
   // Per-iteration state (guarded by mu_).

@@ -53,6 +53,10 @@ Reducer::Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
     : group_(std::move(group)),
       options_(std::move(options)),
       world_size_(group_->size()),
+      users_(world_size_),
+      divisor_(world_size_),
+      next_users_(world_size_),
+      next_divisor_(world_size_),
       timing_(std::make_unique<Timing>()) {
   params_.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -115,7 +119,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     bucket.grads = bucket.flat.narrow(0, 0, bucket.grad_numel);
     bucket.flags = bucket.flat.narrow(0, bucket.grad_numel, n);
     bucket.produced.assign(bucket.params.size(), 0.0f);
-    bucket.scale = at::scalar_tensor(1.0 / world_size_, opts);
+    bucket.scale = at::scalar_tensor(1.0 / divisor_, opts);
     for (size_t s = 0; s < bucket.params.size(); ++s) {
       Param& p = params_[bucket.params[s]];
       // detach(): the view shares the bucket's memory but is not an

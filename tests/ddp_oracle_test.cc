@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ddp/distributed_data_parallel.h"
+#include "ddp/join.h"
 #include "support/model_state.h"
 #include "support/models.h"
 #include "support/thread_world.h"
@@ -32,6 +33,8 @@ struct Scenario {
   bool bucket_view = false;
   int accumulate = 1;
   int aux_rank = -1;  // branchy: the rank whose forward uses the aux head
+  std::vector<int> rank_steps;  // uneven inputs under join: steps per rank
+  bool divide_by_initial = true;
 };
 
 bool python_torch_available() {
@@ -80,6 +83,20 @@ NamedState train_with_ddp(const Net& init, const Scenario& sc, const at::Tensor&
         return model(xs);
       }
     };
+    if (!sc.rank_steps.empty()) {
+      JoinOptions jo;
+      jo.divide_by_initial_world_size = sc.divide_by_initial;
+      join(model, [&] {
+        for (int s = 0; s < sc.rank_steps[r]; ++s) {
+          opt.zero_grad();
+          torch::mse_loss(forward(x[s].narrow(0, r * kBatch, kBatch)),
+                          y[s].narrow(0, r * kBatch, kBatch)).backward();
+          opt.step();
+        }
+      }, jo);
+      if (r == 0) rank0 = state_of(models[r]);
+      return;
+    }
     for (int s = 0; s < kSteps; s += sc.accumulate) {
       opt.zero_grad();
       for (int k = 0; k < sc.accumulate; ++k) {
@@ -114,6 +131,10 @@ void add_case(const Scenario& sc, json& spec, std::vector<std::function<void(con
                                {"accumulate", sc.accumulate}, {"aux_rank", sc.aux_rank},
                                {"find_unused_parameters", sc.find_unused},
                                {"gradient_as_bucket_view", sc.bucket_view}});
+  if (!sc.rank_steps.empty()) {
+    spec["scenarios"].back()["rank_steps"] = sc.rank_steps;
+    spec["scenarios"].back()["divide_by_initial_world_size"] = sc.divide_by_initial;
+  }
   checks.push_back([init, sc, x, y](const json& result) {
     NamedState ours = train_with_ddp(*init, sc, x, y);
     expect_same_state(ours, state_from_json(*init, result), "scenario " + sc.model);
@@ -133,6 +154,8 @@ TEST(DdpOracle, MatchesPythonDistributedDataParallel) {
   add_case<Mlp>({"mlp", 8, false, true}, spec, checks);          // gradient_as_bucket_view
   add_case<Mlp>({"mlp", 8, false, false, 2}, spec, checks);      // no_sync, 2 micro-batches
   add_case<Branchy>({"branchy", 8, true, false, 1, 1}, spec, checks);  // aux used on rank 1
+  add_case<Mlp>({"mlp", 8, false, false, 1, -1, {2, 4}, true}, spec, checks);   // join
+  add_case<Mlp>({"mlp", 8, false, false, 1, -1, {3, 1}, false}, spec, checks);  // join, /active
 
   fs::path dir = fs::temp_directory_path() / ("ddp-oracle-" + std::to_string(::getpid()));
   fs::create_directories(dir);

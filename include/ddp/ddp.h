@@ -7,6 +7,7 @@
 //   collectives.h               all_reduce, broadcast, all_gather, ...
 //   distributed_sampler.h       DistributedSampler (PyTorch's indices)
 //   distributed_data_parallel.h DistributedDataParallel, no_sync, stats
+//   join.h                      uneven inputs (Join)
 //   metrics.h                   metrics reduced over ranks
 //   logging.h                   rank-0 / rank-prefixed logging
 //   checkpoint.h                atomic rank-0 checkpoints
@@ -20,6 +21,7 @@
 #include "ddp/distributed_sampler.h"
 #include "ddp/env.h"
 #include "ddp/error.h"
+#include "ddp/join.h"
 #include "ddp/logging.h"
 #include "ddp/metrics.h"
 #include "ddp/process_group.h"

@@ -1,0 +1,62 @@
+// Join: training with uneven inputs, where ranks run out of data at
+// different iterations (torch.distributed.algorithms.Join with DDP as the
+// Joinable; `with model.join(): ...` in PyTorch).
+//
+//   ddp::join(model, [&] {
+//     for (auto& batch : my_batches) {          // any number per rank
+//       opt.zero_grad();
+//       loss_fn(model(batch.x), batch.y).backward();
+//       opt.step();
+//     }
+//   });
+//
+// Every rank runs `loop`. Each synchronised forward first all-reduces how
+// many ranks are still training. A rank whose loop has returned "shadows"
+// the collectives of the ranks still training: it answers that count with
+// 0, takes part in the bucket rebuild and buffer broadcast, and all-reduces
+// zero gradients in every bucket (with its used-parameter flags at 0), until
+// every rank has finished. Finally every rank receives the parameters and
+// buffers of the last rank to finish (the highest-numbered one when several
+// finish together), so all replicas end identical.
+//
+// Semantics, as PyTorch:
+//   - divide_by_initial_world_size (default): gradients are the sum over the
+//     ranks still training divided by the initial world size, as if the
+//     finished ranks contributed zeros; false divides by the number of ranks
+//     still training (their plain average).
+//   - throw_on_early_termination: as soon as one rank runs out, every rank
+//     throws (InvalidArgument), so the caller can stop or re-balance.
+//   - with join enabled, buffers are broadcast from the highest rank still
+//     training (rank 0 may have finished).
+// Only DistributedDataParallel's own collectives are shadowed: collectives
+// the loop issues itself (metrics, checkpoints) must be issued the same
+// number of times on every rank, or moved after the join.
+// Throws whatever the loop throws (on that rank only), and the errors of the
+// collectives (TimeoutError, CommError).
+#pragma once
+
+#include <functional>
+
+#include "ddp/distributed_data_parallel.h"
+
+namespace ddp {
+
+struct JoinOptions {
+  // false: run the loop and nothing else (uneven inputs then hang or time
+  // out, as without join).
+  bool enable = true;
+  bool throw_on_early_termination = false;
+  bool divide_by_initial_world_size = true;
+};
+
+namespace detail {
+void join(DdpCore& core, const std::function<void()>& loop, const JoinOptions& options);
+}
+
+template <typename ModuleType>
+void join(DistributedDataParallel<ModuleType>& model, const std::function<void()>& loop,
+          const JoinOptions& options = {}) {
+  detail::join(model.core(), loop, options);
+}
+
+}  // namespace ddp
