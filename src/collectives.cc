@@ -86,7 +86,7 @@ Work all_reduce_async(at::Tensor& tensor, ReduceOp op,
     o.reduceOp = to_c10d(op);
     o.timeout = t;
     return b.allreduce(tensors, o);
-  });
+  }, [&] { return fmt::format("all_reduce {} {}", to_string(op), detail::describe_tensors(tensors)); });
   if (op == ReduceOp::AVG) {
     int size = w->group->size();
     at::Tensor out = tensor;
@@ -108,7 +108,7 @@ Work broadcast_async(at::Tensor& tensor, int src, const CollectiveOptions& optio
     o.rootRank = src;
     o.timeout = t;
     return b.broadcast(tensors, o);
-  }));
+  }, [&] { return fmt::format("broadcast src={} {}", src, detail::describe_tensors(tensors)); }));
 }
 
 void broadcast(at::Tensor& tensor, int src, const CollectiveOptions& options) {
@@ -127,7 +127,7 @@ std::vector<at::Tensor> all_gather(const at::Tensor& tensor,
     c10d::AllgatherOptions o;
     o.timeout = t;
     return b.allgather(outputs, inputs, o);
-  })).wait();
+  }, [&] { return "all_gather " + detail::describe_tensors(inputs); })).wait();
   return outputs[0];
 }
 
@@ -148,7 +148,7 @@ std::vector<at::Tensor> gather(const at::Tensor& tensor, int dst,
     o.rootRank = dst;
     o.timeout = t;
     return b.gather(outputs, inputs, o);
-  })).wait();
+  }, [&] { return fmt::format("gather dst={} {}", dst, detail::describe_tensors(inputs)); })).wait();
   return outputs.empty() ? std::vector<at::Tensor>{} : outputs[0];
 }
 
@@ -183,7 +183,7 @@ void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src,
     o.rootRank = src;
     o.timeout = t;
     return b.scatter(outputs, in, o);
-  })).wait();
+  }, [&] { return fmt::format("scatter src={} {}", src, detail::describe_tensors(outputs)); })).wait();
 }
 
 void reduce(at::Tensor& tensor, int dst, ReduceOp op,
@@ -198,7 +198,7 @@ void reduce(at::Tensor& tensor, int dst, ReduceOp op,
     o.rootRank = dst;
     o.timeout = t;
     return b.reduce(tensors, o);
-  });
+  }, [&] { return fmt::format("reduce {} dst={} {}", to_string(op), dst, detail::describe_tensors(tensors)); });
   if (op == ReduceOp::AVG && w->group->rank() == dst) {
     int size = w->group->size();
     at::Tensor out = tensor;

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "collective_monitor.h"
 #include "compat/torch_compat.h"
 #include "ddp/collectives.h"
 #include "ddp/process_group.h"
@@ -26,6 +27,12 @@ struct ProcessGroupImpl {
   c10::intrusive_ptr<compat::Backend> backend;
   // Number of collectives started on this group; each gets the next one.
   std::atomic<uint64_t> next_seq{0};
+  // Stall inspector and debug-mode check (null for a group of one).
+  std::unique_ptr<CollectiveMonitor> monitor;
+
+  void monitor_step(int64_t step) {
+    if (monitor) monitor->set_step(step);
+  }
 
   // "all_reduce #12 on rank 1 of 2 (gloo)".
   std::string describe(const std::string& op, uint64_t seq) const;
@@ -34,6 +41,7 @@ struct ProcessGroupImpl {
 // State of one started operation (see ddp::Work).
 struct WorkImpl {
   ProcessGroupPtr group;                // kept alive while the work runs
+  uint64_t seq = 0;                     // the group's sequence number
   c10::intrusive_ptr<c10d::Work> work;  // null: already complete
   std::string what;                     // describe() of the operation
   std::chrono::milliseconds timeout{0};
@@ -45,15 +53,25 @@ struct WorkImpl {
   std::exception_ptr error;
 
   void wait();
+
+ private:
+  void wait_with_stall_reports();
+  std::string with_stall_report(const std::string& message) const;
 };
 
 // Starts a c10d operation: resolves the group and timeout from `options`,
-// numbers the operation, runs `start(backend, timeout)` and wraps the result.
+// numbers the operation, records it for the stall inspector, in debug mode
+// checks `fingerprint()` (operation, shapes, dtypes) against the other ranks
+// (Note [Debug mode]), runs `start(backend, timeout)` and wraps the result.
 // `start`'s exceptions are translated like wait()'s.
 std::shared_ptr<WorkImpl> start_work(
     const CollectiveOptions& options, const std::string& op,
     const std::function<c10::intrusive_ptr<c10d::Work>(
-        compat::Backend&, std::chrono::milliseconds)>& start);
+        compat::Backend&, std::chrono::milliseconds)>& start,
+    const std::function<std::string()>& fingerprint = nullptr);
+
+// "float32[4, 8]" for fingerprints.
+std::string describe_tensors(const std::vector<at::Tensor>& tensors);
 
 // The group `options` names, or the default group.
 ProcessGroup& resolve_group(const CollectiveOptions& options);

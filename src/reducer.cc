@@ -197,6 +197,7 @@ void Reducer::start_all_reduce(size_t k) {
   Bucket& b = buckets_[k];
   CollectiveOptions copts{group_, options_.timeout};
   std::vector<at::Tensor> tensors{b.flat};
+  group_->impl().monitor_step(iterations_);
   b.work = Work(start_work(
       copts,
       fmt::format("all_reduce of gradient bucket {} of {} (iteration {})", k, buckets_.size(),
@@ -205,7 +206,8 @@ void Reducer::start_all_reduce(size_t k) {
         c10d::AllreduceOptions o;
         o.timeout = t;
         return backend.allreduce(tensors, o);
-      }));
+      },
+      [&] { return "all_reduce SUM " + describe_tensors(tensors); }));
 }
 
 void Reducer::shadow_backward() {

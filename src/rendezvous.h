@@ -16,6 +16,10 @@ struct Rendezvous {
   int size = 1;
   std::string address;       // for messages: "127.0.0.1:29500", a path, ...
   std::string gloo_address;  // see InitOptions::gloo_address; "" = default
+  // A second connection to the same store with a short timeout, for the
+  // stall inspector's background thread (Note [Progress publication]);
+  // null: use `store`.
+  c10::intrusive_ptr<c10d::Store> publish_store;
 };
 
 // Parses options.init_method, creates or connects to the store, and waits

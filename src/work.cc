@@ -1,6 +1,9 @@
 // Starting c10d operations, waiting for them, and translating their errors
 // into ddp's error types (docs/errors.md).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <iostream>
 
 #include <algorithm>
 #include <cctype>
@@ -50,10 +53,20 @@ ProcessGroup& resolve_group(const CollectiveOptions& options) {
   return options.group ? *options.group : *default_group();
 }
 
+std::string describe_tensors(const std::vector<at::Tensor>& tensors) {
+  std::string out;
+  for (const at::Tensor& t : tensors) {
+    out += fmt::format("{}{}[{}]", out.empty() ? "" : " ", c10::toString(t.scalar_type()),
+                       fmt::join(t.sizes(), ", "));
+  }
+  return out;
+}
+
 std::shared_ptr<WorkImpl> start_work(
     const CollectiveOptions& options, const std::string& op,
     const std::function<c10::intrusive_ptr<c10d::Work>(
-        compat::Backend&, std::chrono::milliseconds)>& start) {
+        compat::Backend&, std::chrono::milliseconds)>& start,
+    const std::function<std::string()>& fingerprint) {
   ProcessGroupPtr group = resolve_group_ptr(options);
   ProcessGroupImpl& g = group->impl();
   auto timeout = options.timeout.value_or(g.timeout);
@@ -64,31 +77,82 @@ std::shared_ptr<WorkImpl> start_work(
   }
   auto w = std::make_shared<WorkImpl>();
   w->group = group;
-  w->what = g.describe(op, g.next_seq++);
+  w->seq = g.next_seq++;
+  w->what = g.describe(op, w->seq);
   w->timeout = timeout;
+  if (g.monitor) {
+    g.monitor->started(w->seq, w->what);
+    if (g.monitor->debug()) {
+      g.monitor->check_consistency(w->seq, w->what, fingerprint ? fingerprint() : op, timeout);
+    }
+  }
   try {
     w->work = start(*g.backend, timeout);
   } catch (...) {
+    if (g.monitor) g.monitor->finished(w->seq);
     rethrow_as_comm_error(w->what);
   }
   return w;
+}
+
+// Waits in slices of the stall-warning threshold: each slice that expires
+// logs who has not reached this collective (Note [Progress publication]);
+// the timeout raises with the same facts.
+void WorkImpl::wait_with_stall_reports() {
+  if (!work) return;
+  CollectiveMonitor* monitor = group->impl().monitor.get();
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  while (true) {
+    auto now = std::chrono::steady_clock::now();
+    auto slice = deadline - now;
+    if (monitor) slice = std::min<std::chrono::steady_clock::duration>(slice, monitor->warn_after());
+    try {
+      work->wait(std::chrono::duration_cast<std::chrono::milliseconds>(slice));
+      return;
+    } catch (const std::exception&) {
+      if (work->isCompleted()) throw;  // the operation itself failed
+    }
+    now = std::chrono::steady_clock::now();
+    double waited = std::chrono::duration<double>(now - start).count();
+    std::string report = monitor ? monitor->stall_report(seq) : "";
+    if (now + std::chrono::milliseconds(50) >= deadline) {  // waits may wake a bit early
+      throw TimeoutError(fmt::format(
+          "{} timed out after {:.1f} s{}{}. A rank may have stopped, crashed, or skipped this "
+          "collective",
+          what, waited, report.empty() ? "" : ": ", report));
+    }
+    std::cerr << fmt::format("[rank{}]: ddp warning: {} has waited {:.0f} s{}{}\n",
+                             group->rank(), what, waited, report.empty() ? "" : ": ", report);
+  }
+}
+
+// A backend timeout, with who had not arrived (when not already said).
+std::string WorkImpl::with_stall_report(const std::string& message) const {
+  CollectiveMonitor* monitor = group->impl().monitor.get();
+  if (!monitor || message.find("has not reached it") != std::string::npos) return message;
+  std::string report = monitor->stall_report(seq);
+  return report.empty() ? message : message + ". " + report;
 }
 
 void WorkImpl::wait() {
   std::lock_guard<std::mutex> lock(mu);
   if (!finished) {
     try {
-      if (work) work->wait(timeout);
+      wait_with_stall_reports();
       if (then) then();
     } catch (...) {
       try {
         rethrow_as_comm_error(what);
+      } catch (const TimeoutError& e) {
+        error = std::make_exception_ptr(TimeoutError(with_stall_report(e.what())));
       } catch (...) {
         error = std::current_exception();
       }
     }
     finished = true;
     done.store(true);
+    if (auto* monitor = group->impl().monitor.get()) monitor->finished(seq);
   }
   if (error) std::rethrow_exception(error);
 }

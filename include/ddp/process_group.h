@@ -60,6 +60,17 @@ struct InitOptions {
   std::string group_name = "default";
   // Gloo: number of worker threads that run collectives (PyTorch: 2).
   int gloo_threads = 2;
+  // Stall inspector: a collective that has waited this long logs, on every
+  // waiting rank, which ranks have not reached it and what each was last
+  // doing (step, sequence number, operation). Env DDP_STALL_WARNING_S
+  // overrides it. Must be > 0.
+  std::chrono::milliseconds stall_warning{60 * 1000};
+  // Debug mode: before every collective, check that all ranks issue the
+  // same operation with the same shapes and dtypes, and throw MismatchError
+  // on every rank naming the first rank that differs. A few store round
+  // trips per collective. Also enabled by DDP_DEBUG=1 or
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL.
+  bool debug_collectives = false;
   // Gloo: the local address the transport binds. Empty: GLOO_SOCKET_IFNAME
   // if set (an interface name, as in PyTorch), else the local address that
   // routes to MASTER_ADDR (127.0.0.1 for a loopback master).
