@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <mutex>
 
 #include "ddp/error.h"
@@ -14,6 +16,38 @@ namespace {
 std::mutex g_default_mu;
 ProcessGroupPtr g_default;                 // guarded by g_default_mu
 thread_local ProcessGroupPtr t_override;   // DefaultGroupGuard's group
+
+detail::MonitorOptions monitor_options(const InitOptions& options) {
+  detail::MonitorOptions m;
+  m.warn_after = options.stall_warning;
+  if (const char* s = std::getenv("DDP_STALL_WARNING_S"); s && *s) {
+    char* end = nullptr;
+    double v = std::strtod(s, &end);
+    if (*end != '\0' || !(v > 0)) {
+      throw InvalidArgument(fmt::format(
+          "environment variable DDP_STALL_WARNING_S='{}' is not a positive number of seconds", s));
+    }
+    m.warn_after = std::chrono::milliseconds(static_cast<int64_t>(v * 1000));
+  }
+  if (m.warn_after.count() <= 0) {
+    throw InvalidArgument(fmt::format("InitOptions::stall_warning must be > 0 (got {} ms)",
+                                      m.warn_after.count()));
+  }
+  // Fresh enough to explain a stall when it is reported, cheap otherwise.
+  m.publish_every = std::clamp(m.warn_after / 5, std::chrono::milliseconds(100),
+                               std::chrono::milliseconds(2000));
+  auto env_is = [](const char* name, std::initializer_list<const char*> values) {
+    const char* v = std::getenv(name);
+    if (!v) return false;
+    for (const char* x : values) {
+      if (std::string(v) == x) return true;
+    }
+    return false;
+  };
+  m.debug = options.debug_collectives || env_is("DDP_DEBUG", {"1", "true", "True", "ON", "on"}) ||
+            env_is("TORCH_DISTRIBUTED_DEBUG", {"DETAIL"});
+  return m;
+}
 
 }  // namespace
 
@@ -72,6 +106,11 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
         "GLOO_SOCKET_IFNAME to the network interface they share",
         r.rank, r.size, options.backend, r.address, r.gloo_address,
         compat::what_without_backtrace(e)));
+  }
+  if (r.size > 1) {
+    impl->monitor = std::make_unique<detail::CollectiveMonitor>(
+        r.store, r.publish_store ? r.publish_store : r.store, r.rank, r.size,
+        monitor_options(options));
   }
   return std::make_shared<ProcessGroup>(std::move(impl));
 }
