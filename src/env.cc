@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -36,31 +37,73 @@ std::string env_str(const char* name) {
   return v ? std::string(v) : std::string();
 }
 
-// "node[01-04,07],gpu5" -> "node01"; "a,b" -> "a"; "host" -> "host".
+// The first host of a SLURM host list: each bracketed range contributes its
+// first element. "node[01-04,07],gpu5" -> "node01"; "n[1-2]-ib[3-4]" ->
+// "n1-ib3"; "a,b" -> "a"; "host" -> "host".
 std::string first_slurm_host(const std::string& list) {
   std::string first;
-  int depth = 0;
-  for (char c : list) {
-    if (c == '[') ++depth;
-    if (c == ']') --depth;
-    if (c == ',' && depth == 0) break;
-    first.push_back(c);
+  for (size_t i = 0; i < list.size() && list[i] != ','; ++i) {
+    if (list[i] != '[') {
+      first.push_back(list[i]);
+      continue;
+    }
+    size_t close = list.find(']', i);
+    if (close == std::string::npos) close = list.size();
+    std::string range = list.substr(i + 1, close - i - 1);
+    first += range.substr(0, range.find_first_of(",-"));
+    i = close;
   }
-  auto open = first.find('[');
-  if (open == std::string::npos) return first;
-  std::string prefix = first.substr(0, open);
-  std::string range = first.substr(open + 1);
-  auto stop = range.find_first_of(",-]");
-  return prefix + range.substr(0, stop);
+  return first;
 }
 
-// SLURM_TASKS_PER_NODE is like "2(x3),1": the first count is this node's when
-// the tasks are spread evenly; prefer SLURM_NTASKS_PER_NODE when set.
-std::optional<long long> slurm_local_world_size() {
-  if (auto n = env_int("SLURM_NTASKS_PER_NODE")) return n;
-  std::string s = env_str("SLURM_TASKS_PER_NODE");
+// Tasks on node `node` from SLURM_TASKS_PER_NODE, which lists each node's
+// count in node order with runs compressed: "2(x3),1" is 2, 2, 2, 1.
+long long slurm_tasks_on_node(const std::string& list, long long node) {
+  auto bad = [&](const std::string& why) {
+    return InvalidArgument(fmt::format(
+        "environment variable SLURM_TASKS_PER_NODE='{}' {}: expected a list "
+        "like '2(x3),1'; set SLURM_NTASKS_PER_NODE to override",
+        list, why));
+  };
+  long long first_node = 0;
+  for (size_t pos = 0; pos <= list.size();) {
+    size_t end = std::min(list.find(',', pos), list.size());
+    std::string item = list.substr(pos, end - pos);
+    std::optional<long long> repeat = 1;
+    auto paren = item.find("(x");
+    if (paren != std::string::npos && item.back() == ')') {
+      repeat = parse_int(item.substr(paren + 2, item.size() - paren - 3));
+      item = item.substr(0, paren);
+    }
+    auto count = parse_int(item);
+    if (!count || !repeat || *count < 1 || *repeat < 1) throw bad("is malformed");
+    if (node < first_node + *repeat) return *count;
+    first_node += *repeat;
+    pos = end + 1;
+  }
+  throw bad(fmt::format("has no entry for SLURM_NODEID={}", node));
+}
+
+// This node's task count: SLURM_NTASKS_PER_NODE when set, else this node's
+// (SLURM_NODEID's) entry of SLURM_TASKS_PER_NODE. `name` gets the variable
+// used, for messages.
+std::optional<long long> slurm_local_world_size(const char*& name) {
+  name = "SLURM_NTASKS_PER_NODE";
+  if (auto n = env_int(name)) return n;
+  name = "SLURM_TASKS_PER_NODE";
+  std::string s = env_str(name);
   if (s.empty()) return std::nullopt;
-  return parse_int(s.substr(0, s.find_first_of("(,")));
+  long long node = env_int("SLURM_NODEID").value_or(0);
+  return slurm_tasks_on_node(s, node);
+}
+
+// Without MASTER_ADDR, a multi-node SLURM job meets on its first node.
+std::string slurm_master_host(const LaunchEnv& env) {
+  std::string nodes = env_str("SLURM_STEP_NODELIST");
+  if (nodes.empty()) nodes = env_str("SLURM_JOB_NODELIST");
+  auto nnodes = env_int("SLURM_NNODES");
+  bool multi_node = nnodes ? *nnodes > 1 : env.local_world_size < env.world_size;
+  return !nodes.empty() && multi_node ? first_slurm_host(nodes) : std::string();
 }
 
 void read_master(LaunchEnv& env, const std::string& fallback_host) {
@@ -96,13 +139,47 @@ std::optional<long long> env_int(const char* name) {
   return v;
 }
 
+namespace {
+
+// Each launcher's variable names for rank, size, local rank, local size
+// (SLURM's local size comes from slurm_local_world_size()).
+struct Source {
+  LaunchSource kind;
+  const char *rank, *size, *local_rank, *local_size;
+};
+
+// Fills rank, world_size, local_rank, local_world_size from `s`. False when
+// s's rank variable is not set.
+bool read_source(const Source& s, LaunchEnv& env) {
+  auto rank = env_int(s.rank);
+  if (!rank) return false;
+  auto size = env_int(s.size);
+  if (!size) {
+    throw InvalidArgument(fmt::format(
+        "environment variable {} is set ({}) but {} is missing: set {} to "
+        "the number of processes in the job",
+        s.rank, *rank, s.size, s.size));
+  }
+  env.source = s.kind;
+  env.world_size = require_range(s.size, *size, 1, 1 << 24);
+  env.rank = require_range(s.rank, *rank, 0, env.world_size - 1);
+  const char* local_size_name = s.local_size;
+  auto local_size = s.local_size ? env_int(s.local_size)
+                                 : slurm_local_world_size(local_size_name);
+  env.local_world_size =
+      local_size ? require_range(local_size_name, *local_size, 1, env.world_size)
+                 : env.world_size;
+  auto local_rank = env_int(s.local_rank);
+  env.local_rank = local_rank ? require_range(s.local_rank, *local_rank, 0,
+                                              env.local_world_size - 1)
+                              : env.rank % env.local_world_size;
+  return true;
+}
+
+}  // namespace
+
 LaunchEnv read_launch_env() {
   LaunchEnv env;
-  // Each source: the variable names for rank, size, local rank, local size.
-  struct Source {
-    LaunchSource kind;
-    const char *rank, *size, *local_rank, *local_size;
-  };
   const Source sources[] = {
       {LaunchSource::kTorchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK",
        "LOCAL_WORLD_SIZE"},
@@ -111,41 +188,21 @@ LaunchEnv read_launch_env() {
       {LaunchSource::kOpenMpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
   };
+  bool found = false;
   for (const Source& s : sources) {
-    auto rank = env_int(s.rank);
-    if (!rank) continue;
-    auto size = env_int(s.size);
-    if (!size) {
-      throw InvalidArgument(fmt::format(
-          "environment variable {} is set ({}) but {} is missing: set {} to "
-          "the number of processes in the job",
-          s.rank, *rank, s.size, s.size));
-    }
-    env.source = s.kind;
-    env.world_size = require_range(s.size, *size, 1, 1 << 24);
-    env.rank = require_range(s.rank, *rank, 0, env.world_size - 1);
-    auto local_size = s.local_size ? env_int(s.local_size)
-                                   : slurm_local_world_size();
-    env.local_world_size =
-        local_size ? require_range(s.local_size ? s.local_size
-                                                : "SLURM_NTASKS_PER_NODE",
-                                   *local_size, 1, env.world_size)
-                   : env.world_size;
-    auto local_rank = env_int(s.local_rank);
-    env.local_rank = local_rank ? require_range(s.local_rank, *local_rank, 0,
-                                                env.local_world_size - 1)
-                                : env.rank % env.local_world_size;
-    break;
+    if ((found = read_source(s, env))) break;
   }
-  std::string fallback_host;
-  if (env.source == LaunchSource::kSlurm) {
-    std::string nodes = env_str("SLURM_STEP_NODELIST");
-    if (nodes.empty()) nodes = env_str("SLURM_JOB_NODELIST");
-    if (!nodes.empty() && env.local_world_size < env.world_size) {
-      fallback_host = first_slurm_host(nodes);
-    }
+  // WORLD_SIZE alone would silently run this process as a world of one
+  // while the others wait for it (PyTorch's env:// also requires RANK).
+  auto world_size = env_int("WORLD_SIZE");
+  if (!found && world_size && *world_size != 1) {
+    throw InvalidArgument(fmt::format(
+        "environment variable WORLD_SIZE={} is set but RANK is missing: set "
+        "RANK to this process's rank in [0, {}), or unset WORLD_SIZE",
+        *world_size, *world_size));
   }
-  read_master(env, fallback_host);
+  read_master(env, env.source == LaunchSource::kSlurm ? slurm_master_host(env)
+                                                      : std::string());
   std::string agent = env_str("TORCHELASTIC_USE_AGENT_STORE");
   env.use_agent_store = (agent == "True" || agent == "true" || agent == "1");
   if (auto rc = env_int("TORCHELASTIC_RESTART_COUNT")) {

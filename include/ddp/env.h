@@ -7,14 +7,16 @@
 //      RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 //      MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT
 //   2. SLURM (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
-//      SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE
+//      SLURM_NTASKS_PER_NODE, else this node's (SLURM_NODEID's) entry of
+//      SLURM_TASKS_PER_NODE ("2(x3),1")
 //   3. Open MPI (mpirun): OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
 //      OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE
 //   4. none: a single process (rank 0 of 1).
 // MASTER_ADDR and MASTER_PORT are honoured with every source. Without them,
-// SLURM's first node of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST is the master,
-// a single-node job uses 127.0.0.1, and the port defaults to 29500 (PyTorch's
-// default).
+// a multi-node SLURM job (SLURM_NNODES > 1, or fewer tasks per node than
+// tasks) meets on the first node of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST
+// ("node[03-05],gpu1" -> node03), a single-node job on 127.0.0.1, and the
+// port defaults to 29500 (PyTorch's default).
 //
 // Thread safety: these functions read the process environment (getenv) and
 // are safe to call concurrently with each other, not with setenv.
@@ -48,7 +50,9 @@ struct LaunchEnv {
 // Reads the launch environment described above.
 // Throws InvalidArgument naming the variable when one is not an integer, is
 // out of range (RANK >= WORLD_SIZE, LOCAL_RANK >= LOCAL_WORLD_SIZE, a port
-// outside 1..65535), or when RANK is set without WORLD_SIZE.
+// outside 1..65535), when RANK is set without WORLD_SIZE (likewise for SLURM
+// and Open MPI), when WORLD_SIZE > 1 is set without any rank variable, or
+// when SLURM_TASKS_PER_NODE is malformed.
 LaunchEnv read_launch_env();
 
 // The legacy torch.distributed.launch convention: finds "--local_rank=N",
