@@ -55,6 +55,13 @@ c10::intrusive_ptr<c10d::Store> memory_store(const std::string& name) {
   return s;
 }
 
+// c10d's message without its final period, to go inside ours.
+std::string inner_message(const std::exception& e) {
+  std::string msg = compat::what_without_backtrace(e);
+  while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
+  return msg;
+}
+
 c10::intrusive_ptr<c10d::Store> tcp_store(const std::string& host, int port,
                                           bool is_server,
                                           std::chrono::milliseconds timeout,
@@ -64,21 +71,31 @@ c10::intrusive_ptr<c10d::Store> tcp_store(const std::string& host, int port,
   o.isServer = is_server;
   o.waitWorkers = false;  // we check arrivals ourselves, with better errors
   o.timeout = timeout;
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(host, o);
-  } catch (const std::exception& e) {
-    std::string msg = compat::what_without_backtrace(e);
-    if (is_server) {
-      throw CommError(fmt::format(
-          "rank {} could not host the rendezvous store on port {}: {}. The "
-          "port is probably in use by another job or a previous run: set "
-          "MASTER_PORT to a free port (or use ddprun --standalone)",
-          rank, port, msg));
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    try {
+      return c10::make_intrusive<c10d::TCPStore>(host, o);
+    } catch (const std::exception& e) {
+      if (is_server) {
+        throw CommError(fmt::format(
+            "rank {} could not host the rendezvous store on port {}: {}. The "
+            "port is probably in use by another job or a previous run: set "
+            "MASTER_PORT to a free port (or use ddprun --standalone)",
+            rank, port, inner_message(e)));
+      }
+      // c10d's client stops retrying about a second before its timeout
+      // (at once for timeouts under ~2 s): retry until our own deadline.
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - Clock::now());
+      if (left < std::chrono::milliseconds(300)) {
+        throw TimeoutError(fmt::format(
+            "rank {} could not reach the rendezvous store at {}:{} within {} "
+            "s: {}. Is rank 0 running, and are MASTER_ADDR/MASTER_PORT right?",
+            rank, host, port, seconds(timeout), inner_message(e)));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      o.timeout = left - std::chrono::milliseconds(250);
     }
-    throw TimeoutError(fmt::format(
-        "rank {} could not reach the rendezvous store at {}:{} within {} s: "
-        "{}. Is rank 0 running, and are MASTER_ADDR/MASTER_PORT right?",
-        rank, host, port, seconds(timeout), msg));
   }
 }
 
@@ -114,20 +131,208 @@ std::string gloo_address_for(const std::string& options_address,
   return local_address_towards(master_host);
 }
 
-// Keys of one group's rendezvous live under "<group>/<n>/", n counting the
-// groups this rank created with that name, so re-initialising on a store
-// that outlives a group (torchrun's agent store) starts afresh.
-std::string group_prefix(const InitOptions& o, int rank) {
+// Keys of one group's rendezvous live under "ddp/<group>/<n>/", n counting
+// the groups this rank created with that name, so re-initialising on a store
+// that outlives a group (torchrun's agent store) starts afresh. `take`
+// counts this one; false only looks.
+std::string group_prefix(const InitOptions& o, int rank, bool take) {
   static std::mutex mu;
   static std::map<std::string, int> created;
   std::lock_guard<std::mutex> lock(mu);
-  int n = created[fmt::format("{}|{}|{}", o.init_method, o.group_name, rank)]++;
-  return fmt::format("ddp/{}/{}", o.group_name, n);
+  int& n = created[fmt::format("{}|{}|{}", o.init_method, o.group_name, rank)];
+  return fmt::format("ddp/{}/{}", o.group_name, take ? n++ : n);
 }
 
-void check_arrivals(c10d::Store& store, int rank, int size,
-                    const std::string& address,
-                    std::chrono::milliseconds timeout);
+// The rendezvous on the group's store. Every rank adds "rank/<r>" (a second
+// claimant of r gets 2 and counts itself under "duplicates") and then bumps
+// "arrived". A rank that finds a problem (its rank taken, or its deadline
+// passed) publishes it under "error", its first byte the kind ('I'
+// InvalidArgument, 'T' TimeoutError), so that every rank fails at once with
+// the same message instead of waiting out its own timeout. Each rank that
+// fails bumps "error_seen"; the rank hosting a TCP store keeps it up until
+// every rank has seen the error (bounded), or the others would only see a
+// lost connection.
+struct Arrival {
+  c10d::Store& store;
+  int rank = 0;
+  int size = 1;
+  const std::string& address;
+  std::chrono::milliseconds timeout;
+  bool hosts_store = false;
+};
+
+int64_t counter(c10d::Store& store, const std::string& key) {
+  return store.add(key, 0);
+}
+
+// The host's grace: until every rank that took part has seen the error.
+void linger_until_seen(const Arrival& a) {
+  const auto until = Clock::now() + std::min(a.timeout, std::chrono::milliseconds(5000));
+  while (Clock::now() < until &&
+         counter(a.store, "error_seen") <
+             counter(a.store, "arrived") + counter(a.store, "duplicates")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+[[noreturn]] void fail(const Arrival& a, char kind, const std::string& msg) {
+  a.store.add("error_seen", 1);
+  if (a.hosts_store) linger_until_seen(a);
+  if (kind == 'T') throw TimeoutError(msg);
+  throw InvalidArgument(msg);
+}
+
+[[noreturn]] void publish_and_fail(const Arrival& a, char kind, const std::string& msg) {
+  std::string value = kind + msg;
+  a.store.set("error", std::vector<uint8_t>(value.begin(), value.end()));
+  fail(a, kind, msg);
+}
+
+std::string timeout_message(const Arrival& a, int64_t arrived) {
+  std::vector<int> missing;
+  for (int i = 0; i < a.size; ++i) {
+    if (!a.store.check({fmt::format("rank/{}", i)})) missing.push_back(i);
+  }
+  return fmt::format(
+      "rendezvous at {} timed out after {} s on rank {}: {} of {} ranks "
+      "arrived, {} missing (ranks {}). Start all WORLD_SIZE={} processes, "
+      "or lower WORLD_SIZE",
+      a.address, seconds(a.timeout), a.rank, arrived, a.size, missing.size(),
+      fmt::join(missing, ", "), a.size);
+}
+
+void await_arrivals(const Arrival& a) {
+  const auto deadline = Clock::now() + a.timeout;
+  if (a.store.add(fmt::format("rank/{}", a.rank), 1) > 1) {
+    a.store.add("duplicates", 1);
+    publish_and_fail(a, 'I', fmt::format(
+        "two processes claim rank {} (world size {}) at the rendezvous {}: "
+        "give each process a distinct RANK in [0, {})",
+        a.rank, a.size, a.address, a.size));
+  }
+  a.store.add("arrived", 1);
+  auto pause = std::chrono::milliseconds(1);
+  while (true) {
+    if (a.store.check({"error"})) {
+      auto v = a.store.get("error");
+      fail(a, v.empty() ? 'I' : static_cast<char>(v[0]),
+           v.empty() ? "" : std::string(v.begin() + 1, v.end()));
+    }
+    int64_t arrived = counter(a.store, "arrived");
+    if (arrived >= a.size) return;
+    if (Clock::now() > deadline) publish_and_fail(a, 'T', timeout_message(a, arrived));
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+}
+
+void check_arrivals(const Arrival& a) {
+  try {
+    await_arrivals(a);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format(
+        "rendezvous at {} failed on rank {}: {}{}", a.address, a.rank,
+        inner_message(e),
+        a.rank != 0 ? ". The store's host (rank 0) may have failed or exited"
+                    : ""));
+  }
+}
+
+// Rank 0 could not host the store on a busy port. When a store there runs
+// this group's rendezvous with rank 0 registered and ranks still missing,
+// this is a second rank 0: report that to everyone. Otherwise returns, and
+// the caller reports the busy port.
+void claim_rank0_on_busy_port(const std::string& host, int port,
+                              const std::string& prefix, int size,
+                              const std::string& address,
+                              std::chrono::milliseconds timeout) {
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(port);
+    o.isServer = false;
+    o.waitWorkers = false;
+    o.timeout = std::min(timeout, std::chrono::milliseconds(2000));
+    store = c10::make_intrusive<c10d::PrefixStore>(
+        prefix, c10::make_intrusive<c10d::TCPStore>(host, o));
+    // wait() bounds the wait for the reply (and later reads on the socket)
+    // by its timeout; check() would block forever on a port whose owner
+    // accepts but never answers.
+    store->wait({"rank/0"}, o.timeout);
+    if (counter(*store, "arrived") >= size) return;
+  } catch (const std::exception&) {
+    return;  // not a store, or not answering: some other program's port
+  }
+  check_arrivals(Arrival{*store, 0, size, address, timeout, false});
+}
+
+// The TCP store at host:port, hosted by this process when `server`.
+c10::intrusive_ptr<c10d::Store> connect_tcp(const std::string& host, int port,
+                                            bool server, const InitOptions& o,
+                                            const Rendezvous& r) {
+  try {
+    return tcp_store(host, port, server, o.timeout, r.rank);
+  } catch (const CommError&) {
+    if (server) {
+      claim_rank0_on_busy_port(host, port, group_prefix(o, r.rank, false),
+                               r.size, r.address, o.timeout);
+    }
+    throw;
+  }
+}
+
+// env://: rank and size from InitOptions where set, else the launcher's
+// variables; torchrun's agent may host the store (see env.h).
+c10::intrusive_ptr<c10d::Store> env_store(const InitOptions& o, Rendezvous& r,
+                                          bool& hosts_store) {
+  LaunchEnv env = read_launch_env();
+  r.rank = o.rank >= 0 ? o.rank : env.rank;
+  r.size = o.world_size >= 1 ? o.world_size : env.world_size;
+  if (r.rank >= r.size) {
+    throw InvalidArgument(fmt::format(
+        "rank {} ({}) is not below the world size {} ({})", r.rank,
+        o.rank >= 0 ? "InitOptions::rank" : "RANK", r.size,
+        o.world_size >= 1 ? "InitOptions::world_size"
+                          : "WORLD_SIZE, 1 when unset"));
+  }
+  r.address = fmt::format("{}:{}", env.master_addr, env.master_port);
+  r.gloo_address = gloo_address_for(o.gloo_address, env.master_addr);
+  hosts_store = r.rank == 0 && !env.use_agent_store;
+  auto base = connect_tcp(env.master_addr, env.master_port, hosts_store, o, r);
+  if (!env.use_agent_store) return base;
+  return c10::make_intrusive<c10d::PrefixStore>(
+      fmt::format("/worker/attempt_{}", env.restart_count), base);
+}
+
+// tcp://, file:// and memory://: rank and size from InitOptions.
+c10::intrusive_ptr<c10d::Store> explicit_store(const InitOptions& o,
+                                               Rendezvous& r,
+                                               bool& hosts_store) {
+  const std::string& m = o.init_method;
+  require_rank_and_size(o, m);
+  r.rank = o.rank;
+  r.size = o.world_size;
+  if (m.rfind("tcp://", 0) == 0) {
+    auto [host, port] = parse_host_port(m.substr(6), m);
+    r.address = fmt::format("{}:{}", host, port);
+    r.gloo_address = gloo_address_for(o.gloo_address, host);
+    hosts_store = r.rank == 0;
+    return connect_tcp(host, port, hosts_store, o, r);
+  }
+  if (m.rfind("file://", 0) == 0) {
+    r.address = m.substr(7);
+    if (r.address.empty()) {
+      throw InvalidArgument("init_method 'file://' needs a path: file:///abs/path");
+    }
+    r.gloo_address = gloo_address_for(o.gloo_address, "");
+    return c10::make_intrusive<c10d::FileStore>(r.address, r.size);
+  }
+  r.address = m;
+  r.gloo_address = gloo_address_for(o.gloo_address, "127.0.0.1");
+  return memory_store(m.substr(9));
+}
 
 }  // namespace
 
@@ -165,48 +370,13 @@ Rendezvous rendezvous(const InitOptions& o) {
   }
   const std::string& m = o.init_method;
   Rendezvous r;
+  bool hosts_store = false;
   c10::intrusive_ptr<c10d::Store> base;
   if (m == "env://" || m.empty()) {
-    LaunchEnv env = read_launch_env();
-    r.rank = o.rank >= 0 ? o.rank : env.rank;
-    r.size = o.world_size >= 1 ? o.world_size : env.world_size;
-    if (r.rank >= r.size) {
-      throw InvalidArgument(fmt::format(
-          "RANK={} is not below WORLD_SIZE={}", r.rank, r.size));
-    }
-    r.address = fmt::format("{}:{}", env.master_addr, env.master_port);
-    bool server = r.rank == 0 && !env.use_agent_store;
-    base = tcp_store(env.master_addr, env.master_port, server, o.timeout, r.rank);
-    if (env.use_agent_store) {
-      base = c10::make_intrusive<c10d::PrefixStore>(
-          fmt::format("/worker/attempt_{}", env.restart_count), base);
-    }
-    r.gloo_address = gloo_address_for(o.gloo_address, env.master_addr);
-  } else if (m.rfind("tcp://", 0) == 0) {
-    require_rank_and_size(o, m);
-    auto [host, port] = parse_host_port(m.substr(6), m);
-    r.rank = o.rank;
-    r.size = o.world_size;
-    r.address = fmt::format("{}:{}", host, port);
-    base = tcp_store(host, port, r.rank == 0, o.timeout, r.rank);
-    r.gloo_address = gloo_address_for(o.gloo_address, host);
-  } else if (m.rfind("file://", 0) == 0) {
-    require_rank_and_size(o, m);
-    r.rank = o.rank;
-    r.size = o.world_size;
-    r.address = m.substr(7);
-    if (r.address.empty()) {
-      throw InvalidArgument("init_method 'file://' needs a path: file:///abs/path");
-    }
-    base = c10::make_intrusive<c10d::FileStore>(r.address, r.size);
-    r.gloo_address = gloo_address_for(o.gloo_address, "");
-  } else if (m.rfind("memory://", 0) == 0) {
-    require_rank_and_size(o, m);
-    r.rank = o.rank;
-    r.size = o.world_size;
-    r.address = m;
-    base = memory_store(m.substr(9));
-    r.gloo_address = gloo_address_for(o.gloo_address, "127.0.0.1");
+    base = env_store(o, r, hosts_store);
+  } else if (m.rfind("tcp://", 0) == 0 || m.rfind("file://", 0) == 0 ||
+             m.rfind("memory://", 0) == 0) {
+    base = explicit_store(o, r, hosts_store);
   } else {
     throw InvalidArgument(fmt::format(
         "unknown init_method '{}': expected env://, tcp://host:port, "
@@ -214,60 +384,9 @@ Rendezvous rendezvous(const InitOptions& o) {
         m));
   }
   base->setTimeout(o.timeout);
-  r.store = c10::make_intrusive<c10d::PrefixStore>(group_prefix(o, r.rank), base);
-  check_arrivals(*r.store, r.rank, r.size, r.address, o.timeout);
+  r.store = c10::make_intrusive<c10d::PrefixStore>(group_prefix(o, r.rank, true), base);
+  check_arrivals(Arrival{*r.store, r.rank, r.size, r.address, o.timeout, hosts_store});
   return r;
 }
 
-namespace {
-
-// Every rank registers "rank/<r>" then bumps "arrived"; a rank that finds
-// its rank key already taken reports it under "error" for everyone.
-void check_arrivals(c10d::Store& store, int rank, int size,
-                    const std::string& address,
-                    std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  try {
-    if (store.add(fmt::format("rank/{}", rank), 1) > 1) {
-      std::string msg = fmt::format(
-          "two processes claim rank {} (world size {}) at the rendezvous {}: "
-          "give each process a distinct RANK in [0, {})",
-          rank, size, address, size);
-      store.set("error", std::vector<uint8_t>(msg.begin(), msg.end()));
-      throw InvalidArgument(msg);
-    }
-    store.add("arrived", 1);
-    auto pause = std::chrono::milliseconds(1);
-    while (true) {
-      if (store.check({"error"})) {
-        auto v = store.get("error");
-        throw InvalidArgument(std::string(v.begin(), v.end()));
-      }
-      int64_t arrived = store.add("arrived", 0);
-      if (arrived >= size) break;
-      if (Clock::now() > deadline) {
-        std::vector<int> missing;
-        for (int i = 0; i < size; ++i) {
-          if (!store.check({fmt::format("rank/{}", i)})) missing.push_back(i);
-        }
-        throw TimeoutError(fmt::format(
-            "rendezvous at {} timed out after {} s on rank {}: {} of {} ranks "
-            "arrived, {} missing (ranks {}). Start all WORLD_SIZE={} processes, "
-            "or lower WORLD_SIZE",
-            address, seconds(timeout), rank, arrived, size, size - arrived,
-            fmt::join(missing, ", "), size));
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::milliseconds(50));
-    }
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw CommError(fmt::format("rendezvous at {} failed on rank {}: {}",
-                                address, rank,
-                                compat::what_without_backtrace(e)));
-  }
-}
-
-}  // namespace
 }  // namespace ddp::detail

@@ -37,6 +37,9 @@ c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& sto
   if (address.rfind("if:", 0) == 0) {
     options->devices.push_back(
         c10d::ProcessGroupGloo::createDeviceForInterface(address.substr(3)));
+  } else if (address.empty()) {
+    // As PyTorch: the host name's address, else the loopback interface.
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   } else {
     options->devices.push_back(
         c10d::ProcessGroupGloo::createDeviceForHostname(address));

@@ -39,7 +39,8 @@ bool cuda_compiled();
 bool nccl_compiled();
 
 // A Gloo backend bound to `address` (an IP address or host name of this
-// machine, or "if:<name>" for a network interface), with `threads` worker
+// machine, "if:<name>" for a network interface, or "" for PyTorch's default
+// device: the host name's address, else loopback), with `threads` worker
 // threads and `timeout` on every operation.
 c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
                                       int rank, int size,

@@ -1,0 +1,299 @@
+// Process groups across real processes (process_group_worker): env://
+// with torchrun's, SLURM's and Open MPI's variables, torchrun's agent store,
+// two processes claiming one rank, ranks that never join, crash or stop
+// taking part, and PyTorch's own torchrun launching ddp programs.
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <string>
+#include <vector>
+
+#include "process_group_test_util.h"
+
+namespace ddp {
+namespace {
+
+using testing::Child;
+using testing::ChildResult;
+using testing::free_port;
+using testing::Stopwatch;
+using testing::TempDir;
+
+const std::string kWorker = PROCESS_GROUP_WORKER_PATH;
+
+// Every launch variable removed: children see only what a test gives them.
+std::vector<std::string> clean_env(std::vector<std::string> extra) {
+  std::vector<std::string> env = {
+      "-RANK", "-WORLD_SIZE", "-LOCAL_RANK", "-LOCAL_WORLD_SIZE", "-MASTER_ADDR",
+      "-MASTER_PORT", "-TORCHELASTIC_USE_AGENT_STORE", "-TORCHELASTIC_RESTART_COUNT",
+      "-SLURM_PROCID", "-SLURM_NTASKS", "-SLURM_LOCALID", "-SLURM_NTASKS_PER_NODE",
+      "-SLURM_TASKS_PER_NODE", "-SLURM_NODEID", "-SLURM_NNODES", "-SLURM_STEP_NODELIST",
+      "-SLURM_JOB_NODELIST", "-OMPI_COMM_WORLD_RANK", "-OMPI_COMM_WORLD_SIZE",
+      "-OMPI_COMM_WORLD_LOCAL_RANK", "-OMPI_COMM_WORLD_LOCAL_SIZE", "-GLOO_SOCKET_IFNAME",
+      "OMP_NUM_THREADS=1"};
+  env.insert(env.end(), extra.begin(), extra.end());
+  return env;
+}
+
+struct Rank {
+  std::vector<std::string> args;  // process_group_worker's arguments
+  std::vector<std::string> env;   // on top of clean_env()
+};
+
+// Starts every rank at once and waits for all (each bounded by timeout_s).
+std::vector<ChildResult> run_ranks(const std::vector<Rank>& ranks, double timeout_s) {
+  TempDir dir;
+  std::vector<std::unique_ptr<Child>> children;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    std::vector<std::string> argv = {kWorker};
+    argv.insert(argv.end(), ranks[i].args.begin(), ranks[i].args.end());
+    children.push_back(std::make_unique<Child>(argv, clean_env(ranks[i].env),
+                                               dir.path() + "/out" + std::to_string(i)));
+  }
+  std::vector<ChildResult> results;
+  for (auto& c : children) results.push_back(c->wait(timeout_s));
+  return results;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+void expect_sum(const std::vector<ChildResult>& results, const std::string& source, int sum) {
+  const int world = static_cast<int>(results.size());
+  for (int r = 0; r < world; ++r) {
+    const ChildResult& c = results[r];
+    EXPECT_EQ(c.exit_code, 0) << "rank " << r << ":\n" << c.output;
+    EXPECT_TRUE(has(c.output, "joined rank " + std::to_string(r) + " world " +
+                                  std::to_string(world) + " local_rank " + std::to_string(r) +
+                                  " source " + source))
+        << c.output;
+    EXPECT_TRUE(has(c.output, "sum " + std::to_string(sum) + "\n")) << c.output;
+  }
+}
+
+TEST(ProcessGroupProcesses, EnvWithTorchrunVariables) {
+  const std::string port = std::to_string(free_port());
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.push_back({{"env://", "-1", "-1", "30000", "allreduce"},
+                     {"RANK=" + std::to_string(r), "WORLD_SIZE=3", "LOCAL_RANK=" + std::to_string(r),
+                      "LOCAL_WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port}});
+  }
+  expect_sum(run_ranks(ranks, 60), "torchrun", 6);
+}
+
+TEST(ProcessGroupProcesses, EnvWithSlurmVariables) {
+  const std::string port = std::to_string(free_port());
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back({{"env://", "-1", "-1", "30000", "allreduce"},
+                     {"SLURM_PROCID=" + std::to_string(r), "SLURM_NTASKS=2",
+                      "SLURM_LOCALID=" + std::to_string(r), "SLURM_TASKS_PER_NODE=2",
+                      "SLURM_NNODES=1", "SLURM_JOB_NODELIST=node01", "MASTER_PORT=" + port}});
+  }
+  expect_sum(run_ranks(ranks, 60), "slurm", 3);
+}
+
+TEST(ProcessGroupProcesses, EnvWithOpenMpiVariables) {
+  const std::string port = std::to_string(free_port());
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back({{"env://", "-1", "-1", "30000", "allreduce"},
+                     {"OMPI_COMM_WORLD_RANK=" + std::to_string(r), "OMPI_COMM_WORLD_SIZE=2",
+                      "OMPI_COMM_WORLD_LOCAL_RANK=" + std::to_string(r),
+                      "OMPI_COMM_WORLD_LOCAL_SIZE=2", "MASTER_PORT=" + port}});
+  }
+  expect_sum(run_ranks(ranks, 60), "openmpi", 3);
+}
+
+// The test plays torchrun's agent: it hosts the store, and every rank is a
+// client whose keys live under /worker/attempt_<restart count>.
+TEST(ProcessGroupProcesses, TorchelasticAgentStore) {
+  c10d::TCPStoreOptions so;
+  so.port = 0;  // any free port
+  so.isServer = true;
+  so.waitWorkers = false;
+  so.timeout = std::chrono::seconds(30);
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  const std::string port = std::to_string(store->getPort());
+  for (int attempt : {0, 3}) {
+    std::vector<Rank> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.push_back({{"env://", "-1", "-1", "30000", "allreduce"},
+                       {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                        "MASTER_PORT=" + port, "TORCHELASTIC_USE_AGENT_STORE=True",
+                        "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt)}});
+    }
+    auto results = run_ranks(ranks, 60);
+    expect_sum(results, "torchrun", 3);
+    EXPECT_TRUE(has(results[0].output, "agent_store 1 restart " + std::to_string(attempt)))
+        << results[0].output;
+    const std::string prefix = "/worker/attempt_" + std::to_string(attempt) + "/ddp/default/0/";
+    EXPECT_TRUE(store->check({prefix + "rank/0"})) << prefix;
+    EXPECT_TRUE(store->check({prefix + "rank/1"})) << prefix;
+    EXPECT_EQ(store->add(prefix + "arrived", 0), 2) << prefix;
+  }
+  // Nothing outside the agent's prefix.
+  EXPECT_FALSE(store->check({"ddp/default/0/rank/0"}));
+  EXPECT_FALSE(store->check({"/ddp/default/0/rank/0"}));
+}
+
+std::vector<std::string> tcp_args(const std::string& url, int rank, int world,
+                                  const std::string& timeout_ms, const std::string& action) {
+  return {url, std::to_string(rank), std::to_string(world), timeout_ms, action};
+}
+
+TEST(ProcessGroupProcesses, TwoProcessesClaimingOneRankBothFailSayingSo) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  Stopwatch watch;
+  auto results = run_ranks({{tcp_args(url, 0, 3, "30000", "allreduce")},
+                            {tcp_args(url, 1, 3, "30000", "allreduce")},
+                            {tcp_args(url, 1, 3, "30000", "allreduce")}},
+                           60);
+  EXPECT_LT(watch.seconds(), 25.0) << "must not wait for the 30 s timeout";
+  for (size_t i = 0; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].exit_code, 2) << i << ":\n" << results[i].output;
+    EXPECT_TRUE(has(results[i].output, "error InvalidArgument: two processes claim rank 1 "
+                                       "(world size 3) at the rendezvous 127.0.0.1:"))
+        << i << ":\n" << results[i].output;
+    EXPECT_TRUE(has(results[i].output, "give each process a distinct RANK in [0, 3)"))
+        << results[i].output;
+  }
+}
+
+TEST(ProcessGroupProcesses, TwoProcessesClaimingRankZeroBothFailSayingSo) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  Stopwatch watch;
+  auto results = run_ranks({{tcp_args(url, 0, 2, "30000", "allreduce")},
+                            {tcp_args(url, 0, 2, "30000", "allreduce")}},
+                           60);
+  EXPECT_LT(watch.seconds(), 25.0) << "must not wait for the 30 s timeout";
+  for (size_t i = 0; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].exit_code, 2) << i << ":\n" << results[i].output;
+    EXPECT_TRUE(has(results[i].output, "two processes claim rank 0 (world size 2)"))
+        << i << ":\n" << results[i].output;
+  }
+}
+
+TEST(ProcessGroupProcesses, RankThatNeverJoinsTimesOutNamingIt) {
+  const int port = free_port();
+  Stopwatch watch;
+  auto results = run_ranks({{{"env://", "-1", "-1", "2000", "allreduce"},
+                             {"RANK=0", "WORLD_SIZE=2", "MASTER_PORT=" + std::to_string(port)}}},
+                           60);
+  EXPECT_LT(watch.seconds(), 25.0);
+  EXPECT_EQ(results[0].exit_code, 3) << results[0].output;
+  EXPECT_TRUE(has(results[0].output, "error TimeoutError: rendezvous at 127.0.0.1:" +
+                                         std::to_string(port) + " timed out after 2 s on rank 0: "
+                                         "1 of 2 ranks arrived, 1 missing (ranks 1)"))
+      << results[0].output;
+}
+
+TEST(ProcessGroupProcesses, RankThatCrashesFailsTheOthersWithinTheTimeout) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  Stopwatch watch;
+  auto results = run_ranks({{tcp_args(url, 0, 2, "5000", "allreduce")},
+                            {tcp_args(url, 1, 2, "5000", "exit")}},
+                           60);
+  EXPECT_LT(watch.seconds(), 30.0);
+  EXPECT_EQ(results[1].exit_code, 0) << results[1].output;
+  // Gloo sees the closed connection (CommError) or waits out the timeout.
+  EXPECT_TRUE(results[0].exit_code == 3 || results[0].exit_code == 4) << results[0].output;
+  EXPECT_TRUE(has(results[0].output, "all_reduce #0 on rank 0 of 2 (gloo)")) << results[0].output;
+}
+
+TEST(ProcessGroupProcesses, RankThatStopsTakingPartTimesOutTheOthers) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  TempDir dir;
+  Child sleeper({kWorker, url, "1", "2", "2000", "sleep"}, clean_env({}), dir.path() + "/sleeper");
+  Stopwatch watch;
+  Child active({kWorker, url, "0", "2", "2000", "allreduce"}, clean_env({}), dir.path() + "/active");
+  ChildResult r = active.wait(60);
+  EXPECT_LT(watch.seconds(), 25.0);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(has(r.output, "error TimeoutError: all_reduce #0 on rank 0 of 2 (gloo) timed out"))
+      << r.output;
+  ChildResult s = sleeper.wait(0);  // still sleeping: killed
+  EXPECT_TRUE(s.killed);
+  EXPECT_TRUE(has(s.output, "joined rank 1 world 2")) << s.output;
+}
+
+TEST(ProcessGroupProcesses, BadEnvironmentIsNamed) {
+  struct Case {
+    std::vector<std::string> env;
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::string port = "MASTER_PORT=" + std::to_string(free_port());
+  const std::vector<Case> cases = {
+      {{"RANK=0", port}, {}, "error InvalidArgument: environment variable RANK is set (0) but WORLD_SIZE is missing"},
+      {{"RANK=0", "WORLD_SIZE=two", port}, {}, "WORLD_SIZE='two' is not an integer"},
+      {{"RANK=2", "WORLD_SIZE=2", port}, {}, "RANK=2 is out of range: expected 0..1"},
+      {{"RANK=0", "WORLD_SIZE=1", "MASTER_PORT=99999"}, {}, "MASTER_PORT=99999 is out of range"},
+      {{"RANK=0", "WORLD_SIZE=1", port}, {"mpi"}, "unknown backend 'mpi'"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"env://", "-1", "-1", "5000", "allreduce"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    auto results = run_ranks({{args, c.env}}, 30);
+    EXPECT_EQ(results[0].exit_code, 2) << results[0].output;
+    EXPECT_TRUE(has(results[0].output, c.expected)) << "expected '" << c.expected << "' in:\n"
+                                                    << results[0].output;
+  }
+}
+
+// PyTorch's own launcher (Debian's python3-torch). Debian's torchrun 1.13
+// crashes at launch unless -r/-t are given, hence "-r 2 -t 2".
+bool python_torchrun_available() {
+  return std::system("/usr/bin/python3 -c 'import torch.distributed.run' >/dev/null 2>&1") == 0;
+}
+
+ChildResult run_torchrun(const std::vector<std::string>& rdzv_flags,
+                         const std::vector<std::string>& program, const TempDir& dir) {
+  std::vector<std::string> argv = {"/usr/bin/python3", "-m", "torch.distributed.run",
+                                   "--nproc_per_node", "2", "-r", "2", "-t", "2"};
+  argv.insert(argv.end(), rdzv_flags.begin(), rdzv_flags.end());
+  argv.push_back("--no_python");
+  argv.insert(argv.end(), program.begin(), program.end());
+  Child torchrun(argv, clean_env({"-PYTHONPATH"}), dir.path() + "/torchrun.out");
+  return torchrun.wait(180);
+}
+
+TEST(ProcessGroupProcesses, UnderPythonTorchrunWithItsAgentStore) {
+  if (!python_torchrun_available()) {
+    GTEST_SKIP() << "/usr/bin/python3 has no torch (apt-get install python3-torch)";
+  }
+  TempDir dir;
+  // The static rendezvous: the agent hosts the store on master_port.
+  ChildResult r = run_torchrun(
+      {"--master_addr", "127.0.0.1", "--master_port", std::to_string(free_port())},
+      {kWorker, "env://", "-1", "-1", "60000", "allreduce"}, dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank : {0, 1}) {
+    EXPECT_TRUE(has(r.output, "joined rank " + std::to_string(rank) + " world 2 local_rank " +
+                                  std::to_string(rank) + " source torchrun agent_store 1 restart 0"))
+        << r.output;
+  }
+  EXPECT_TRUE(has(r.output, "sum 3\n")) << r.output;
+}
+
+TEST(ProcessGroupProcesses, DdpDemoUnderPythonTorchrunWithC10dRendezvous) {
+  if (!python_torchrun_available()) {
+    GTEST_SKIP() << "/usr/bin/python3 has no torch (apt-get install python3-torch)";
+  }
+#ifndef DDP_DEMO_PATH
+  GTEST_SKIP() << "ddp-demo is not built (DDP_BUILD_TOOLS=OFF)";
+#else
+  TempDir dir;
+  // As --standalone, on a free port: rank 0 hosts the store on MASTER_PORT.
+  ChildResult r = run_torchrun({"--rdzv_backend", "c10d", "--rdzv_endpoint",
+                                "127.0.0.1:" + std::to_string(free_port())},
+                               {DDP_DEMO_PATH}, dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "ddp-demo: world_size 2, all_reduce sum 3 (correct)")) << r.output;
+#endif
+}
+
+}  // namespace
+}  // namespace ddp
