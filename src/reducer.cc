@@ -148,7 +148,9 @@ void Reducer::mark_ready(size_t index, bool produced) {
   at::Tensor& view = b.views[p.slot];
   const at::Tensor& grad = p.tensor.grad();
   at::NoGradGuard no_grad;
-  if (grad.defined()) {
+  if (local_only()) {
+    // Alone in the group: the average is the gradient itself; no copy.
+  } else if (grad.defined()) {
     if (grad.is_sparse()) {
       throw InvalidArgument(fmt::format(
           "DistributedDataParallel: parameter '{}' has a sparse gradient; "
@@ -183,13 +185,14 @@ void Reducer::launch_ready_buckets() {
 void Reducer::launch(size_t k) {
   Bucket& b = buckets_[k];
   at::NoGradGuard no_grad;
-  if (options_.gradient_as_bucket_view) b.grads.mul_(b.scale);
-  b.flags.copy_(at::from_blob(b.produced.data(),
-                              {static_cast<int64_t>(b.produced.size())}, at::kFloat));
   if (!timing_->launched) {
     timing_->launched = true;
     timing_->first_launch = Timing::Clock::now();
   }
+  if (local_only()) return;
+  if (options_.gradient_as_bucket_view) b.grads.mul_(b.scale);
+  b.flags.copy_(at::from_blob(b.produced.data(),
+                              {static_cast<int64_t>(b.produced.size())}, at::kFloat));
   start_all_reduce(k);
 }
 
@@ -247,6 +250,12 @@ void Reducer::finalize_backward() {
 
 void Reducer::wait_and_write_back(std::vector<float>& counts) {
   at::NoGradGuard no_grad;
+  if (local_only()) {  // nothing was copied or sent: .grad() is the result
+    for (const Bucket& b : buckets_) {
+      for (size_t s = 0; s < b.params.size(); ++s) counts[b.params[s]] = b.produced[s];
+    }
+    return;
+  }
   for (Bucket& b : buckets_) b.work.wait();
   for (Bucket& b : buckets_) {
     at::Tensor flags = b.flags.to(at::kCPU, at::kFloat).contiguous();

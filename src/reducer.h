@@ -108,6 +108,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void wait_and_write_back(std::vector<float>& counts);
   void check_unused(const std::vector<float>& counts);
   bool produced_here(size_t index) const;
+  // World size 1 with the plain average (no join divisor): the all_reduce
+  // and the 1/1 scale are identities, so buckets are skipped entirely and
+  // .grad() is left as autograd wrote it (exactly the values the buckets
+  // would give; gradient_as_bucket_view makes no views then).
+  bool local_only() const { return world_size_ == 1 && divisor_ == 1; }
   std::vector<size_t> unreachable_from(const std::vector<at::Tensor>& outputs) const;
   void reset_iteration();
 
