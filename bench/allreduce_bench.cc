@@ -1,0 +1,63 @@
+// allreduce-bench: the raw bandwidth of one all_reduce of a flat float32
+// tensor, the ceiling for DDP's gradient synchronisation of the same bytes.
+// Each iteration: barrier, then time one ddp::all_reduce (SUM) of the tensor.
+//
+//   ddprun --standalone --nproc-per-node 2 allreduce-bench --bytes 7454760
+//
+// Rank 0 writes {"bytes", "time_s": {median, p10, p90, ...},
+// "bandwidth_gb_s" (bytes / median time), ...} to --out-json or stdout.
+#include <CLI/CLI.hpp>
+#include <ATen/ops/ones.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "bench_run.h"
+#include "ddp/collectives.h"
+#include "ddp/process_group.h"
+#include "weights.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"allreduce-bench: raw all_reduce bandwidth of one flat float32 tensor"};
+  int64_t bytes = 4 << 20;
+  int iters = 30, warmup = 5, gloo_threads = 2;
+  std::string out_json;
+  app.add_option("--bytes", bytes, "Tensor size in bytes (rounded down to floats)")
+      ->capture_default_str();
+  app.add_option("--iters", iters, "Timed all_reduces")->capture_default_str();
+  app.add_option("--warmup", warmup, "Untimed all_reduces first")->capture_default_str();
+  app.add_option("--gloo-threads", gloo_threads, "Gloo worker threads")->capture_default_str();
+  app.add_option("--out-json", out_json, "Rank 0 writes its result here (else stdout)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    ddp::InitOptions init;
+    init.gloo_threads = gloo_threads;
+    ddp::init_process_group(init);
+    at::Tensor t = at::ones({std::max<int64_t>(bytes / 4, 1)});
+    std::vector<double> times;
+    for (int i = 0; i < warmup + iters; ++i) {
+      ddp::barrier();
+      auto t0 = std::chrono::steady_clock::now();
+      ddp::all_reduce(t);
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (i >= warmup) times.push_back(s);
+    }
+    const int rank = ddp::get_rank(), world = ddp::get_world_size();
+    ddp::destroy_process_group();
+    if (rank != 0) return 0;
+    nlohmann::json out{{"impl", "ddp-cpp"}, {"mode", "allreduce"}, {"world_size", world},
+                       {"bytes", t.numel() * 4}, {"gloo_threads", gloo_threads},
+                       {"time_s", ddp::bench::summarize(times)}};
+    out["bandwidth_gb_s"] = t.numel() * 4 / out["time_s"]["median"].get<double>() / 1e9;
+    out["command"] = std::vector<std::string>(argv, argv + argc);
+    if (out_json.empty()) {
+      std::cout << out.dump() << std::endl;
+    } else {
+      ddp::bench::write_atomically(out_json, out.dump(1) + "\n");
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "allreduce-bench: " << e.what() << std::endl;
+    return 1;
+  }
+}

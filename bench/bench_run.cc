@@ -1,0 +1,245 @@
+#include "bench_run.h"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <torch/optim/sgd.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+
+#include "ddp/collectives.h"
+#include "ddp/distributed_data_parallel.h"
+#include "ddp/error.h"
+#include "ddp/process_group.h"
+#include "model.h"  // tools/ddp-train: FashionCnn
+#include "models.h"
+#include "weights.h"
+
+namespace ddp::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Batches = std::vector<std::pair<at::Tensor, at::Tensor>>;
+using nlohmann::json;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// loss = sum of every parameter's sum: all gradients are ready at once and
+// cost next to nothing, leaving DDP's gradient synchronisation to measure.
+struct SyncProbeImpl : torch::nn::Module {
+  explicit SyncProbeImpl(std::shared_ptr<torch::nn::Module> net) {
+    register_module("net", std::move(net));
+  }
+  at::Tensor forward(const at::Tensor& /*unused*/) {
+    at::Tensor total;
+    for (const at::Tensor& p : parameters()) {
+      total = total.defined() ? total + p.sum() : p.sum();
+    }
+    return total;
+  }
+};
+TORCH_MODULE(SyncProbe);
+
+// Calls fn(make) where make() builds a fresh model of the workload.
+template <typename Fn>
+json with_model(const WorkloadShape& s, Fn&& fn) {
+  if (s.name == "mlp") return fn([&] { return Mlp(s); });
+  if (s.name == "cnn") return fn([] { return train::FashionCnn(); });
+  return fn([&] { return TransformerNet(s); });
+}
+
+DistributedDataParallelOptions ddp_options(const RunConfig& c, bool sync_mode) {
+  DistributedDataParallelOptions o;
+  o.bucket_cap_mb = c.bucket_cap_mb;
+  o.first_bucket_cap_mb = c.first_bucket_cap_mb;
+  o.gradient_as_bucket_view = c.gradient_as_bucket_view;
+  o.broadcast_buffers = c.broadcast_buffers && !sync_mode;
+  return o;
+}
+
+json stats_json(const DdpStats& s) {
+  return {{"iterations", s.iterations},
+          {"bucket_bytes", s.bucket_bytes},
+          {"bucket_params", s.bucket_params},
+          {"parameters", s.parameters},
+          {"gradient_bytes", s.gradient_bytes},
+          {"buckets_rebuilt", s.buckets_rebuilt},
+          {"forward_s", s.forward_s},
+          {"backward_compute_s", s.backward_compute_s},
+          {"backward_comm_s", s.backward_comm_s},
+          {"exposed_comm_s", s.exposed_comm_s},
+          {"buffer_broadcast_s", s.buffer_broadcast_s}};
+}
+
+struct LoopResult {
+  double elapsed_s = 0;
+  std::vector<double> step_s;
+  double final_loss = NAN;
+};
+
+template <typename Net>
+LoopResult train_loop(Net& net, torch::optim::Optimizer& opt, const Batches& batches,
+                      const RunConfig& c, bool distributed) {
+  at::Tensor loss;
+  auto step = [&](int i) {
+    const auto& b = batches[static_cast<size_t>(i) % batches.size()];
+    opt.zero_grad();
+    loss = at::cross_entropy_loss(net(b.first), b.second);
+    loss.backward();
+    opt.step();
+  };
+  for (int i = 0; i < c.warmup; ++i) step(i);
+  if (distributed) barrier();
+  LoopResult r;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < c.steps; ++i) {
+    const auto s0 = Clock::now();
+    step(c.warmup + i);
+    r.step_s.push_back(seconds_since(s0));
+  }
+  if (distributed) barrier();
+  r.elapsed_s = seconds_since(t0);
+  if (loss.defined()) r.final_loss = loss.item<double>();
+  return r;
+}
+
+template <typename M>
+double eval_loss(M& model, const Batches& batches) {
+  at::NoGradGuard no_grad;
+  model->eval();
+  double loss = at::cross_entropy_loss(model(batches[0].first), batches[0].second).template item<double>();
+  model->train();
+  return loss;
+}
+
+template <typename M>
+json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, int world) {
+  if (!c.weights.empty()) load_weights(*model, c.weights);
+  const Batches batches = make_batches(s, c.pool, c.seed * 1000 + rank);
+  json out{{"eval_loss0", eval_loss(model, batches)}};
+  at::manual_seed(c.seed * 1000 + 500 + rank);  // dropout
+  auto sgd = torch::optim::SGDOptions(c.lr).momentum(c.momentum);
+  LoopResult r;
+  if (c.side == "plain") {
+    torch::optim::SGD opt(model->parameters(), sgd);
+    r = train_loop(model, opt, batches, c, /*distributed=*/world > 1);
+  } else {
+    DistributedDataParallel<M> net(model, ddp_options(c, false));
+    torch::optim::SGD opt(net.parameters(), sgd);
+    r = train_loop(net, opt, batches, c, /*distributed=*/true);
+    out["ddp_stats"] = stats_json(net.stats());
+  }
+  out["elapsed_s"] = r.elapsed_s;
+  out["samples_per_s"] = static_cast<double>(world) * s.batch * c.steps / r.elapsed_s;
+  out["step_s"] = summarize(r.step_s);
+  out["final_loss"] = r.final_loss;
+  return out;
+}
+
+template <typename M>
+json run_sync(M plain_model, M ddp_model, const RunConfig& c) {
+  if (!c.weights.empty()) {
+    load_weights(*plain_model, c.weights);
+    load_weights(*ddp_model, c.weights);
+  }
+  SyncProbe plain(plain_model.ptr());
+  DistributedDataParallel<SyncProbe> wrapped(SyncProbe(ddp_model.ptr()), ddp_options(c, true));
+  const at::Tensor dummy = at::zeros({1});
+  auto once = [&](auto& net, torch::nn::Module& m) {
+    m.zero_grad();
+    barrier();
+    const auto t0 = Clock::now();
+    net(dummy).backward();
+    return seconds_since(t0);
+  };
+  std::vector<double> plain_s, ddp_s;
+  for (int i = 0; i < c.warmup + c.steps; ++i) {
+    double p = once(plain, *plain);
+    double d = once(wrapped, *wrapped.module());
+    if (i >= c.warmup) {
+      plain_s.push_back(p);
+      ddp_s.push_back(d);
+    }
+  }
+  json out{{"plain_s", summarize(plain_s)}, {"ddp_s", summarize(ddp_s)}};
+  const double sync_s = out["ddp_s"]["median"].get<double>() - out["plain_s"]["median"].get<double>();
+  const auto st = wrapped.stats();
+  out["sync_s"] = sync_s;
+  out["gradient_bytes"] = st.gradient_bytes;
+  out["bandwidth_gb_s"] = sync_s > 0 ? st.gradient_bytes / sync_s / 1e9 : 0.0;
+  out["ddp_stats"] = stats_json(st);
+  return out;
+}
+
+void check_config(const RunConfig& c) {
+  if (c.side != "ddp" && c.side != "plain") {
+    throw InvalidArgument(fmt::format("--side '{}' is unknown: use ddp or plain", c.side));
+  }
+  if (c.mode != "train" && c.mode != "sync") {
+    throw InvalidArgument(fmt::format("--mode '{}' is unknown: use train or sync", c.mode));
+  }
+  if (c.mode == "sync" && c.side != "ddp") {
+    throw InvalidArgument("--mode sync measures DDP: use it with --side ddp");
+  }
+  if (c.steps < 1 || c.warmup < 0 || c.pool < 1 || c.threads < 1) {
+    throw InvalidArgument("--steps, --pool and --threads must be >= 1, --warmup >= 0");
+  }
+}
+
+}  // namespace
+
+json summarize(std::vector<double> v) {
+  if (v.empty()) return {{"n", 0}, {"median", 0.0}, {"p10", 0.0}, {"p90", 0.0}, {"mean", 0.0}};
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) { return v[static_cast<size_t>(q * (v.size() - 1) + 0.5)]; };
+  double sum = 0;
+  for (double x : v) sum += x;
+  const size_t n = v.size();
+  const double median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  return {{"n", n}, {"median", median}, {"p10", at(0.1)}, {"p90", at(0.9)}, {"mean", sum / n}};
+}
+
+json run_benchmark(const RunConfig& c) {
+  check_config(c);
+  const WorkloadShape s = workload_shape(c.workload, c.tiny, c.batch);
+  at::set_num_threads(c.threads);
+  const char* env_world = std::getenv("WORLD_SIZE");
+  const bool distributed = c.side == "ddp" || (env_world && std::atoi(env_world) > 1);
+  if (distributed) {
+    InitOptions init;
+    init.gloo_threads = c.gloo_threads;
+    init_process_group(init);
+  }
+  const int rank = distributed ? get_rank() : 0;
+  const int world = distributed ? get_world_size() : 1;
+  json out = with_model(s, [&](auto make) {
+    return c.mode == "train" ? run_train(make(), s, c, rank, world) : run_sync(make(), make(), c);
+  });
+  if (distributed) destroy_process_group();
+  if (rank != 0) return json::object();
+  out["side"] = c.side;
+  out["impl"] = "ddp-cpp";
+  out["mode"] = c.mode;
+  out["workload"] = c.workload;
+  out["world_size"] = world;
+  out["batch"] = s.batch;
+  out["steps"] = c.steps;
+  out["warmup"] = c.warmup;
+  out["threads"] = at::get_num_threads();
+  out["gloo_threads"] = c.gloo_threads;
+  out["gradient_as_bucket_view"] = c.gradient_as_bucket_view;
+  out["bucket_cap_mb"] = c.bucket_cap_mb;
+  out["torch_version"] = TORCH_VERSION;
+  return out;
+}
+
+}  // namespace ddp::bench
