@@ -9,7 +9,10 @@
 #include <CLI/CLI.hpp>
 #include <ATen/ops/ones.h>
 
+#include <torch/cuda.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 
 #include "bench_run.h"
@@ -21,24 +24,31 @@ int main(int argc, char** argv) {
   CLI::App app{"allreduce-bench: raw all_reduce bandwidth of one flat float32 tensor"};
   int64_t bytes = 4 << 20;
   int iters = 30, warmup = 5, gloo_threads = 2;
-  std::string out_json;
+  std::string out_json, device = "cpu", backend = "gloo";
   app.add_option("--bytes", bytes, "Tensor size in bytes (rounded down to floats)")
       ->capture_default_str();
   app.add_option("--iters", iters, "Timed all_reduces")->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed all_reduces first")->capture_default_str();
   app.add_option("--gloo-threads", gloo_threads, "Gloo worker threads")->capture_default_str();
   app.add_option("--out-json", out_json, "Rank 0 writes its result here (else stdout)");
+  app.add_option("--device", device, "cpu, or cuda (cuda:LOCAL_RANK)")->capture_default_str();
+  app.add_option("--backend", backend, "gloo or nccl")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     ddp::InitOptions init;
     init.gloo_threads = gloo_threads;
+    init.backend = backend;
     ddp::init_process_group(init);
-    at::Tensor t = at::ones({std::max<int64_t>(bytes / 4, 1)});
+    const char* local = std::getenv("LOCAL_RANK");
+    const c10::Device dev = device == "cpu" ? c10::Device(c10::kCPU)
+                                            : c10::Device(c10::kCUDA, local ? std::atoi(local) : 0);
+    at::Tensor t = at::ones({std::max<int64_t>(bytes / 4, 1)}, at::TensorOptions().device(dev));
     std::vector<double> times;
     for (int i = 0; i < warmup + iters; ++i) {
       ddp::barrier();
       auto t0 = std::chrono::steady_clock::now();
       ddp::all_reduce(t);
+      if (dev.is_cuda()) torch::cuda::synchronize(dev.index());
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (i >= warmup) times.push_back(s);
     }
@@ -47,6 +57,7 @@ int main(int argc, char** argv) {
     if (rank != 0) return 0;
     nlohmann::json out{{"impl", "ddp-cpp"}, {"mode", "allreduce"}, {"world_size", world},
                        {"bytes", t.numel() * 4}, {"gloo_threads", gloo_threads},
+                       {"device", device}, {"backend", backend},
                        {"time_s", ddp::bench::summarize(times)}};
     out["bandwidth_gb_s"] = t.numel() * 4 / out["time_s"]["median"].get<double>() / 1e9;
     out["command"] = std::vector<std::string>(argv, argv + argc);

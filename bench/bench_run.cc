@@ -6,6 +6,7 @@
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
+#include <torch/cuda.h>
 #include <torch/optim/sgd.h>
 #include <torch/version.h>
 
@@ -31,6 +32,17 @@ using nlohmann::json;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Waits for queued CUDA work, so that wall times cover it.
+void sync_device(const c10::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+c10::Device bench_device(const RunConfig& c) {
+  if (c.device == "cpu") return c10::Device(c10::kCPU);
+  const char* local = std::getenv("LOCAL_RANK");
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local ? std::atoi(local) : 0));
 }
 
 // loss = sum of every parameter's sum: all gradients are ready at once and
@@ -59,6 +71,7 @@ json with_model(const WorkloadShape& s, Fn&& fn) {
 
 DistributedDataParallelOptions ddp_options(const RunConfig& c, bool sync_mode) {
   DistributedDataParallelOptions o;
+  if (c.device != "cpu") o.device_ids = {bench_device(c)};
   o.bucket_cap_mb = c.bucket_cap_mb;
   o.first_bucket_cap_mb = c.first_bucket_cap_mb;
   o.gradient_as_bucket_view = c.gradient_as_bucket_view;
@@ -97,13 +110,16 @@ LoopResult train_loop(Net& net, torch::optim::Optimizer& opt, const Batches& bat
     loss.backward();
     opt.step();
   };
+  const c10::Device device = bench_device(c);
   for (int i = 0; i < c.warmup; ++i) step(i);
+  sync_device(device);
   if (distributed) barrier();
   LoopResult r;
   const auto t0 = Clock::now();
   for (int i = 0; i < c.steps; ++i) {
     const auto s0 = Clock::now();
     step(c.warmup + i);
+    sync_device(device);
     r.step_s.push_back(seconds_since(s0));
   }
   if (distributed) barrier();
@@ -124,7 +140,9 @@ double eval_loss(M& model, const Batches& batches) {
 template <typename M>
 json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, int world) {
   if (!c.weights.empty()) load_weights(*model, c.weights);
-  const Batches batches = make_batches(s, c.pool, c.seed * 1000 + rank);
+  model->to(bench_device(c));
+  Batches batches = make_batches(s, c.pool, c.seed * 1000 + rank);
+  for (auto& b : batches) b = {b.first.to(bench_device(c)), b.second.to(bench_device(c))};
   json out{{"eval_loss0", eval_loss(model, batches)}};
   at::manual_seed(c.seed * 1000 + 500 + rank);  // dropout
   auto sgd = torch::optim::SGDOptions(c.lr).momentum(c.momentum);
@@ -151,14 +169,19 @@ json run_sync(M plain_model, M ddp_model, const RunConfig& c) {
     load_weights(*plain_model, c.weights);
     load_weights(*ddp_model, c.weights);
   }
+  const c10::Device device = bench_device(c);
+  plain_model->to(device);
+  ddp_model->to(device);
   SyncProbe plain(plain_model.ptr());
   DistributedDataParallel<SyncProbe> wrapped(SyncProbe(ddp_model.ptr()), ddp_options(c, true));
   const at::Tensor dummy = at::zeros({1});
   auto once = [&](auto& net, torch::nn::Module& m) {
     m.zero_grad();
+    sync_device(device);
     barrier();
     const auto t0 = Clock::now();
     net(dummy).backward();
+    sync_device(device);
     return seconds_since(t0);
   };
   std::vector<double> plain_s, ddp_s;
@@ -190,6 +213,9 @@ void check_config(const RunConfig& c) {
   if (c.mode == "sync" && c.side != "ddp") {
     throw InvalidArgument("--mode sync measures DDP: use it with --side ddp");
   }
+  if (c.device != "cpu" && c.device != "cuda") {
+    throw InvalidArgument(fmt::format("--device '{}' is unknown: use cpu or cuda", c.device));
+  }
   if (c.steps < 1 || c.warmup < 0 || c.pool < 1 || c.threads < 1) {
     throw InvalidArgument("--steps, --pool and --threads must be >= 1, --warmup >= 0");
   }
@@ -216,6 +242,7 @@ json run_benchmark(const RunConfig& c) {
   const bool distributed = c.side == "ddp" || (env_world && std::atoi(env_world) > 1);
   if (distributed) {
     InitOptions init;
+    init.backend = c.backend;
     init.gloo_threads = c.gloo_threads;
     init_process_group(init);
   }
@@ -236,6 +263,8 @@ json run_benchmark(const RunConfig& c) {
   out["warmup"] = c.warmup;
   out["threads"] = at::get_num_threads();
   out["gloo_threads"] = c.gloo_threads;
+  out["device"] = c.device;
+  out["backend"] = c.backend;
   out["gradient_as_bucket_view"] = c.gradient_as_bucket_view;
   out["bucket_cap_mb"] = c.bucket_cap_mb;
   out["torch_version"] = TORCH_VERSION;

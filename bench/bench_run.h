@@ -37,6 +37,10 @@ struct RunConfig {
   std::string weights;             // prefix of weights.h files; empty: seeded init
   double lr = 0.01, momentum = 0.9;
   int threads = 1;                 // torch intra-op threads
+  // "cpu", or "cuda": each rank uses cuda:LOCAL_RANK (the GPU script,
+  // bench/gpu/run.sh); CUDA work is synchronised at the end of every step.
+  std::string device = "cpu";
+  std::string backend = "gloo";    // gloo | nccl
   // DistributedDataParallelOptions and the process group.
   double bucket_cap_mb = 25.0;
   double first_bucket_cap_mb = 1.0;

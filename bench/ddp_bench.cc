@@ -43,6 +43,8 @@ void add_flags(CLI::App& app, ddp::bench::RunConfig& c) {
   app.add_option("--broadcast-buffers", c.broadcast_buffers, "DDP broadcast_buffers (0/1)")
       ->capture_default_str();
   app.add_option("--gloo-threads", c.gloo_threads, "Gloo worker threads")->capture_default_str();
+  app.add_option("--device", c.device, "cpu, or cuda (cuda:LOCAL_RANK)")->capture_default_str();
+  app.add_option("--backend", c.backend, "gloo or nccl")->capture_default_str();
 }
 
 }  // namespace

@@ -162,8 +162,20 @@ def ddp_stats(model):
     return {k: d[k] for k in keys if k in d}
 
 
+def device_of(a):
+    if a.device == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def sync_device(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def train_loop(net, opt, batches, a, distributed):
     loss = None
+    device = device_of(a)
 
     def step(i):
         nonlocal loss
@@ -175,6 +187,7 @@ def train_loop(net, opt, batches, a, distributed):
 
     for i in range(a.warmup):
         step(i)
+    sync_device(device)
     if distributed:
         dist.barrier()
     steps = []
@@ -182,6 +195,7 @@ def train_loop(net, opt, batches, a, distributed):
     for i in range(a.steps):
         s0 = time.perf_counter()
         step(a.warmup + i)
+        sync_device(device)
         steps.append(time.perf_counter() - s0)
     if distributed:
         dist.barrier()
@@ -189,7 +203,8 @@ def train_loop(net, opt, batches, a, distributed):
 
 
 def ddp_kwargs(a, sync_mode):
-    return dict(bucket_cap_mb=a.bucket_cap_mb,
+    ids = None if a.device == "cpu" else [device_of(a)]
+    return dict(device_ids=ids, bucket_cap_mb=a.bucket_cap_mb,
                 gradient_as_bucket_view=a.gradient_as_bucket_view,
                 broadcast_buffers=bool(a.broadcast_buffers) and not sync_mode)
 
@@ -198,7 +213,9 @@ def run_train(s, a, rank, world):
     model = make_model(s)
     if a.weights:
         load_weights(model, a.weights)
-    batches = make_batches(s, a.pool, a.seed * 1000 + rank)
+    dev = device_of(a)
+    model.to(dev)
+    batches = [(x.to(dev), y.to(dev)) for x, y in make_batches(s, a.pool, a.seed * 1000 + rank)]
     model.eval()
     with torch.no_grad():
         out = {"eval_loss0": float(F.cross_entropy(model(batches[0][0]), batches[0][1]))}
@@ -219,15 +236,18 @@ def run_sync(s, a):
     if a.weights:
         load_weights(plain, a.weights)
         load_weights(inner, a.weights)
-    plain = SyncProbe(plain)
-    wrapped = DDP(SyncProbe(inner), **ddp_kwargs(a, True))
+    dev = device_of(a)
+    plain = SyncProbe(plain.to(dev))
+    wrapped = DDP(SyncProbe(inner.to(dev)), **ddp_kwargs(a, True))
     dummy = torch.zeros(1)
 
     def once(net, module):
         module.zero_grad()
+        sync_device(dev)
         dist.barrier()
         t0 = time.perf_counter()
         net(dummy).backward()
+        sync_device(dev)
         return time.perf_counter() - t0
 
     plain_s, ddp_s = [], []
@@ -246,12 +266,14 @@ def run_sync(s, a):
 
 
 def run_allreduce(a):
-    t = torch.ones(max(a.bytes // 4, 1))
+    dev = device_of(a)
+    t = torch.ones(max(a.bytes // 4, 1), device=dev)
     times = []
     for i in range(a.warmup + a.steps):
         dist.barrier()
         t0 = time.perf_counter()
         dist.all_reduce(t)
+        sync_device(dev)
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
     out = {"bytes": t.numel() * 4, "time_s": summarize(times)}
@@ -278,6 +300,8 @@ def parse_args(argv):
     p.add_argument("--gradient-as-bucket-view", action="store_true")
     p.add_argument("--broadcast-buffers", type=int, default=1)
     p.add_argument("--bytes", type=int, default=4 << 20)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     p.add_argument("--out-json", default="")
     return p.parse_args(argv)
 
@@ -289,7 +313,9 @@ def main(argv):
     if a.side == "plain" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise SystemExit("--side plain is the single-process floor: run it with world size 1")
     if distributed:
-        dist.init_process_group("gloo")
+        if a.device == "cuda":
+            torch.cuda.set_device(device_of(a))
+        dist.init_process_group(a.backend)
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
     s = workload_shape(a.workload, a.tiny, a.batch)
@@ -305,6 +331,7 @@ def main(argv):
         return 0
     out.update(side=a.side, impl="torch-python", mode=a.mode, workload=a.workload,
                world_size=world, batch=s["batch"], steps=a.steps, warmup=a.warmup,
+               device=a.device, backend=a.backend,
                threads=torch.get_num_threads(), gradient_as_bucket_view=a.gradient_as_bucket_view,
                bucket_cap_mb=a.bucket_cap_mb, torch_version=torch.__version__,
                command=[sys.executable] + sys.argv)

@@ -23,6 +23,7 @@ import os
 import platform
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,6 +35,7 @@ import report
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = ["mlp", "cnn", "transformer"]
+SKIP = 77  # the smoke test's exit status when Python DDP is unavailable (CTest: skipped)
 # (timed steps, warm-up steps) per run: a few seconds each on 2 cores.
 DEFAULT_STEPS = {"mlp": (60, 10), "cnn": (30, 5), "transformer": (8, 2)}
 
@@ -54,6 +56,9 @@ def parse_args(argv):
     p.add_argument("--sync-iters", type=int, default=30, help="iterations of sync/all_reduce")
     p.add_argument("--no-sync", action="store_true", help="skip the gradient-sync figures")
     p.add_argument("--python", default="/usr/bin/python3", help="interpreter with torch")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: rank r uses cuda:r (bench/gpu/run.sh)")
+    p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     p.add_argument("--ddp-args", default="", help="extra flags for ddp-bench (quoted)")
     p.add_argument("--python-args", default="", help="extra flags for python_ddp.py (quoted)")
     p.add_argument("--markdown", default=str(REPO / "BENCHMARKS.md"),
@@ -99,6 +104,12 @@ class Launcher:
                 sys.exit(f"run.py: {exe} is missing: build it (cmake --build {build} "
                          "--target ddprun ddp-bench allreduce-bench) or pass --build-dir")
         self.python = a.python
+        probe = subprocess.run([a.python, "-c", "import torch"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        if probe.returncode != 0:
+            print(f"run.py: {a.python} cannot import torch (Debian: python3-torch); "
+                  "pass --python", file=sys.stderr)
+            sys.exit(SKIP if a.smoke else 1)
         self.timeout = a.timeout
         self.env = dict(os.environ)
         # One thread per rank on both sides, the same BLAS threads, loopback.
@@ -132,12 +143,16 @@ class Launcher:
         return result
 
 
+def device_flags(a):
+    return ["--device", a.device, "--backend", a.backend]
+
+
 def train_program(launcher, a, side, impl, workload, weights):
     steps, warmup = DEFAULT_STEPS[workload]
     steps = a.steps or steps
     warmup = warmup if a.warmup < 0 else a.warmup
     flags = ["--workload", workload, "--side", side, "--steps", steps,
-             "--warmup", warmup, "--weights", weights]
+             "--warmup", warmup, "--weights", weights] + device_flags(a)
     if a.smoke:
         flags.append("--tiny")
     if impl == "ddp":
@@ -146,7 +161,8 @@ def train_program(launcher, a, side, impl, workload, weights):
 
 
 def sync_program(launcher, a, impl, workload, weights, nbytes):
-    flags = ["--steps" if impl != "raw" else "--iters", a.sync_iters, "--warmup", 3 if not a.smoke else 1]
+    flags = ["--steps" if impl != "raw" else "--iters", a.sync_iters,
+             "--warmup", 3 if not a.smoke else 1] + device_flags(a)
     if impl == "raw":
         return [launcher.allreduce_bench, "--bytes", nbytes] + flags
     flags += ["--workload", workload, "--mode", "sync", "--weights", weights]
@@ -157,10 +173,9 @@ def sync_program(launcher, a, impl, workload, weights, nbytes):
     return [launcher.python, REPO / "bench" / "python_ddp.py"] + flags + shlex.split(a.python_args)
 
 
-def make_weights(launcher, a, workload, out_dir):
+def make_weights(launcher, a, workload):
     """ddp-bench writes the seeded initial weights both sides then load."""
-    prefix = out_dir / "weights" / (workload + ("-tiny" if a.smoke else ""))
-    prefix.parent.mkdir(parents=True, exist_ok=True)
+    prefix = Path(launcher.tmp) / (workload + ("-tiny" if a.smoke else ""))
     cmd = [str(launcher.ddp_bench), "--workload", workload, "--save-weights", str(prefix)]
     if a.smoke:
         cmd.append("--tiny")
@@ -187,7 +202,7 @@ def log(msg):
     print(f"[run.py {datetime.datetime.now():%H:%M:%S}] {msg}", flush=True)
 
 
-def bench_config(launcher, a, workload, world, weights, nbytes, runs):
+def bench_config(launcher, a, workload, world, weights, nbytes, runs, sync):
     # plain at W > 1: W independent loops, no communication (the ceiling).
     sides = [("ddp", "ddp"), ("python", "ddp"), ("plain", "plain")]
     for r in range(a.repeats):
@@ -199,7 +214,7 @@ def bench_config(launcher, a, workload, world, weights, nbytes, runs):
             log(f"{workload} W={world} {label:6s} rep {r}: {res['samples_per_s']:9.1f} samples/s"
                 f"  (load {res['launch']['load_before']:.2f}, "
                 f"foreign {res['launch']['foreign_cores']:.2f} cores)")
-    if world < 2 or a.no_sync:
+    if world < 2 or not sync:
         return
     for r in range(a.repeats):
         for impl in alternate(["ddp", "python", "raw"], r):
@@ -229,38 +244,56 @@ def machine_info(a):
         "git": sh(f"git -C {REPO} rev-parse --short HEAD") +
                (" (dirty)" if sh(f"git -C {REPO} status --porcelain -- src include bench") else ""),
         "threads_per_rank": 1, "gloo_threads": 2, "loopback": "GLOO_SOCKET_IFNAME=lo",
+        "gpu": sh(f"{a.python} -c 'import torch; print(torch.cuda.get_device_name(0), "
+                  "torch.version.cuda)'") if a.device == "cuda" else None,
     }
 
 
-def main(argv):
-    a = parse_args(argv)
-    launcher = Launcher(a)
-    out_dir = Path(a.out_dir).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
+def measure(launcher, a):
     worlds = [int(w) for w in a.worlds.split(",") if w]
     over = [int(w) for w in a.oversubscribed.split(",") if w]
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     runs = []
     for workload in [w for w in a.workloads.split(",") if w]:
-        weights, nbytes = make_weights(launcher, a, workload, out_dir)
-        for world in worlds + over:
-            bench_config(launcher, a, workload, world, weights, nbytes, runs)
-    doc = {"name": a.name, "started": started,
-           "finished": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-           "command": shlex.join([sys.executable] + [str(Path(sys.argv[0]))] + argv),
-           "machine": machine_info(a), "worlds": worlds, "oversubscribed": over,
-           "repeats": a.repeats, "smoke": a.smoke, "ddp_args": a.ddp_args,
-           "python_args": a.python_args, "runs": runs}
+        weights, nbytes = make_weights(launcher, a, workload)
+        # The smoke test covers every code path once: all of them with the
+        # MLP, the transformer's model code with one W=2 run per side.
+        smoke_short = a.smoke and workload != "mlp"
+        for world in ([2] if smoke_short else worlds + over):
+            bench_config(launcher, a, workload, world, weights, nbytes, runs,
+                         sync=not (a.no_sync or smoke_short))
+    return {"name": a.name, "started": started,
+            "finished": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": shlex.join([sys.executable, sys.argv[0]] + a.argv),
+            "machine": machine_info(a), "worlds": worlds, "oversubscribed": over,
+            "repeats": a.repeats, "smoke": a.smoke, "device": a.device,
+            "backend": a.backend, "ddp_args": a.ddp_args, "python_args": a.python_args,
+            "runs": runs}
+
+
+def main(argv):
+    a = parse_args(argv)
+    a.argv = list(argv)
+    launcher = Launcher(a)
+    out_dir = Path(a.out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        doc = measure(launcher, a)
+    finally:
+        shutil.rmtree(launcher.tmp, ignore_errors=True)
     doc["summary"] = report.summarize(doc)
     path = out_dir / f"{a.name}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(doc, indent=1) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
     json.loads(path.read_text())  # the smoke test's check: valid JSON
     log(f"wrote {path}")
     if a.markdown:
-        report.update_markdown(Path(a.markdown), doc, path.relative_to(REPO)
-                               if path.is_relative_to(REPO) else path)
+        shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        report.update_markdown(Path(a.markdown), doc, shown)
         log(f"updated {a.markdown}")
     print(report.tables(doc))
     return 0

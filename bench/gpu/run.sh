@@ -1,0 +1,53 @@
+#!/bin/bash
+# GPU benchmark: builds ddp against this machine's PyTorch 2.x (the wheel
+# carries libtorch and its CMake files; no pip, no network) with NCCL, then
+# runs the MLP and the transformer at W=1 on CUDA tensors, with NCCL and with
+# Gloo, ddp against Python DDP and a plain libtorch loop, alternating sides
+# (bench/run.py). A few minutes in all.
+#
+#   bench/gpu/run.sh                 # from the repository root
+#   PYTHON=/path/to/python3 BUILD=/tmp/build-gpu NAME=h200 bench/gpu/run.sh
+#
+# Writes bench/results/$NAME-nccl.json and $NAME-gloo.json (BENCHMARKS.md is
+# left alone: add the tables by hand with `python3 bench/report.py FILE`).
+#
+# Needs: CUDA PyTorch 2.x importable by $PYTHON, cmake >= 3.18, a C++17
+# compiler, and the headers/CMake packages of fmt, CLI11, nlohmann_json and
+# zlib (Debian: libfmt-dev libcli11-dev nlohmann-json3-dev zlib1g-dev).
+# Note: at W=1 ddp skips gradient communication altogether (the average over
+# one rank is the gradient itself), while Python DDP still copies into its
+# buckets and all-reduces them; the W=1 numbers measure exactly that.
+#
+# Status: written without access to a GPU machine; it has not been run.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+PY=${PYTHON:-python3}
+BUILD=${BUILD:-$REPO/build-gpu}
+NAME=${NAME:-gpu}
+REPEATS=${REPEATS:-3}
+
+echo "== PyTorch"
+"$PY" - <<'EOF'
+import torch
+if not torch.cuda.is_available():
+    raise SystemExit("bench/gpu/run.sh: torch.cuda.is_available() is False: no usable GPU")
+print("torch", torch.__version__, "CUDA", torch.version.cuda, "GPU", torch.cuda.get_device_name(0))
+print("NCCL", torch.cuda.nccl.version(), "CXX11 ABI", torch._C._GLIBCXX_USE_CXX11_ABI)
+EOF
+PREFIX=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+
+echo "== Build ($BUILD)"
+GEN="Unix Makefiles"
+command -v ninja >/dev/null 2>&1 && GEN=Ninja
+cmake -S "$REPO" -B "$BUILD" -G "$GEN" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$PREFIX" -DDDP_WITH_NCCL=ON -DDDP_BUILD_TESTS=OFF
+cmake --build "$BUILD" -j"$(nproc)" --target ddprun ddp-bench allreduce-bench
+
+echo "== Benchmark"
+for backend in nccl gloo; do
+  "$PY" "$REPO/bench/run.py" --build-dir "$BUILD" --python "$PY" \
+    --device cuda --backend "$backend" --name "$NAME-$backend" \
+    --workloads mlp,transformer --worlds 1 --oversubscribed "" \
+    --repeats "$REPEATS" --steps 200 --warmup 20 --markdown ""
+done
