@@ -63,7 +63,16 @@ std::string ProcessGroupImpl::describe(const std::string& op,
 
 ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl)
     : impl_(std::move(impl)) {}
-ProcessGroup::~ProcessGroup() = default;
+ProcessGroup::~ProcessGroup() {
+  // A timed-out operation may still hold a Gloo worker thread until the
+  // backend's own timeout (a per-call timeout is ddp's alone); destroying
+  // the backend joins that thread, so destroy_process_group() or the exit
+  // would hang that long. A group is unusable after a timeout (as in
+  // PyTorch): the backend is left to finish on its own, never freed.
+  if (impl_ && impl_->abandoned_work.load() && impl_->backend) {
+    (void)impl_->backend.release();
+  }
+}
 
 int ProcessGroup::rank() const { return impl_->rank; }
 int ProcessGroup::size() const { return impl_->size; }

@@ -193,10 +193,10 @@ TEST(ProcessGroupProcesses, RankThatNeverJoinsTimesOutNamingIt) {
 TEST(ProcessGroupProcesses, RankThatCrashesFailsTheOthersWithinTheTimeout) {
   const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
   Stopwatch watch;
-  auto results = run_ranks({{tcp_args(url, 0, 2, "5000", "allreduce")},
-                            {tcp_args(url, 1, 2, "5000", "exit")}},
-                           60);
-  EXPECT_LT(watch.seconds(), 30.0);
+  std::vector<std::string> rank0 = tcp_args(url, 0, 2, "30000", "allreduce");
+  rank0.insert(rank0.end(), {"gloo", "3000"});  // the all_reduce's own timeout
+  auto results = run_ranks({{rank0}, {tcp_args(url, 1, 2, "30000", "exit")}}, 60);
+  EXPECT_LT(watch.seconds(), 50.0);
   EXPECT_EQ(results[1].exit_code, 0) << results[1].output;
   // Gloo sees the closed connection (CommError) or waits out the timeout.
   EXPECT_TRUE(results[0].exit_code == 3 || results[0].exit_code == 4) << results[0].output;
@@ -206,11 +206,16 @@ TEST(ProcessGroupProcesses, RankThatCrashesFailsTheOthersWithinTheTimeout) {
 TEST(ProcessGroupProcesses, RankThatStopsTakingPartTimesOutTheOthers) {
   const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
   TempDir dir;
-  Child sleeper({kWorker, url, "1", "2", "2000", "sleep"}, clean_env({}), dir.path() + "/sleeper");
+  Child sleeper({kWorker, url, "1", "2", "60000", "sleep"}, clean_env({}), dir.path() + "/sleeper");
   Stopwatch watch;
-  Child active({kWorker, url, "0", "2", "2000", "allreduce"}, clean_env({}), dir.path() + "/active");
-  ChildResult r = active.wait(60);
-  EXPECT_LT(watch.seconds(), 25.0);
+  // The group's timeout is 60 s, the all_reduce's own 2 s: the process must
+  // fail and exit well before the group's timeout (Gloo's worker thread,
+  // still blocked, must not hold up the exit).
+  Child active({kWorker, url, "0", "2", "60000", "allreduce", "gloo", "2000"}, clean_env({}),
+               dir.path() + "/active");
+  ChildResult r = active.wait(90);
+  EXPECT_LT(watch.seconds(), 45.0);
+  EXPECT_FALSE(r.killed);
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_TRUE(has(r.output, "error TimeoutError: all_reduce #0 on rank 0 of 2 (gloo) timed out"))
       << r.output;
@@ -219,6 +224,8 @@ TEST(ProcessGroupProcesses, RankThatStopsTakingPartTimesOutTheOthers) {
   EXPECT_TRUE(has(s.output, "joined rank 1 world 2")) << s.output;
 }
 
+// Through init_process_group() in a real process (every message of
+// read_launch_env() is checked in env_test).
 TEST(ProcessGroupProcesses, BadEnvironmentIsNamed) {
   struct Case {
     std::vector<std::string> env;
@@ -228,9 +235,7 @@ TEST(ProcessGroupProcesses, BadEnvironmentIsNamed) {
   const std::string port = "MASTER_PORT=" + std::to_string(free_port());
   const std::vector<Case> cases = {
       {{"RANK=0", port}, {}, "error InvalidArgument: environment variable RANK is set (0) but WORLD_SIZE is missing"},
-      {{"RANK=0", "WORLD_SIZE=two", port}, {}, "WORLD_SIZE='two' is not an integer"},
       {{"RANK=2", "WORLD_SIZE=2", port}, {}, "RANK=2 is out of range: expected 0..1"},
-      {{"RANK=0", "WORLD_SIZE=1", "MASTER_PORT=99999"}, {}, "MASTER_PORT=99999 is out of range"},
       {{"RANK=0", "WORLD_SIZE=1", port}, {"mpi"}, "unknown backend 'mpi'"},
   };
   for (const Case& c : cases) {

@@ -1,13 +1,14 @@
 // One rank of process_group_test's multi-process tests.
 //
 //   process_group_worker <init_method> <rank> <world_size> <timeout_ms>
-//                        <action> [backend]
+//                        <action> [backend [collective_timeout_ms]]
 //
 // Joins a group (rank/world_size -1: from the environment, for env://),
 // prints "joined rank R world W local_rank L source S agent_store A restart
 // N" (A, N: TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT as
 // read), then does <action>:
-//   allreduce  all_reduce of a tensor holding rank+1; prints "sum X"
+//   allreduce  all_reduce of a tensor holding rank+1 (bounded by
+//              collective_timeout_ms when given); prints "sum X"
 //   exit       leaves at once without a collective (a rank that crashed)
 //   sleep      sleeps 60 s without taking part (a rank that hangs)
 // then, for allreduce, a barrier and destroy_process_group().
@@ -46,6 +47,8 @@ int run(int argc, char** argv) {
   options.timeout = std::chrono::milliseconds(std::atol(argv[4]));
   const std::string action = argv[5];
   if (argc > 6) options.backend = argv[6];
+  ddp::CollectiveOptions collective;
+  if (argc > 7) collective.timeout = std::chrono::milliseconds(std::atol(argv[7]));
 
   ddp::init_process_group(options);
   const int rank = ddp::get_rank();
@@ -61,7 +64,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   at::Tensor t = at::full({4}, static_cast<double>(rank + 1), at::kFloat);
-  ddp::all_reduce(t);
+  ddp::all_reduce(t, ddp::ReduceOp::SUM, collective);
   std::printf("sum %g\n", t[0].item<double>());
   std::fflush(stdout);
   ddp::barrier();  // rank 0 hosts the store: nobody leaves before the others
