@@ -50,6 +50,13 @@ TrainConfig parse_args(int argc, char** argv) {
   app.add_option("--threads", c.threads, "Torch threads per process (0: OMP_NUM_THREADS or 1)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-plot", c.no_plot, "Do not draw metrics.png");
+  auto* faults = app.add_option_group("Fault injection", "For testing failure handling");
+  faults->add_option("--fault", c.fault, "crash-in-backward, sigkill, sigstop or exit")
+      ->check(CLI::IsMember({"crash-in-backward", "sigkill", "sigstop", "exit"}));
+  faults->add_option("--fault-rank", c.fault_rank, "Rank that fails");
+  faults->add_option("--fault-step", c.fault_step, "Optimizer step (1-based) at which it fails");
+  faults->add_option("--fault-attempt", c.fault_attempt,
+                     "Launcher attempt (TORCHELASTIC_RESTART_COUNT) that fails; -1: every one");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -28,6 +28,15 @@ struct TrainConfig {
   double timeout_s = 600;      // bound on every collective
   int threads = 0;             // torch intra-op threads; 0: OMP_NUM_THREADS or 1
   bool no_plot = false;
+  // Fault injection, for testing failure handling: at optimizer step
+  // fault_step (1-based) on rank fault_rank, in launcher attempt
+  // fault_attempt (TORCHELASTIC_RESTART_COUNT; -1: every attempt):
+  // "crash-in-backward" (abort() inside backward), "sigkill", "sigstop",
+  // "exit" (exit code 3).
+  std::string fault;
+  int fault_rank = 1;
+  int64_t fault_step = 3;
+  int fault_attempt = 0;
 };
 
 // Parses argv (also accepts --local_rank=N / --local-rank N from

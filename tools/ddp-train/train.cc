@@ -8,6 +8,9 @@
 #include <torch/utils.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <cstdlib>
+
 #include <chrono>
 #include <filesystem>
 
@@ -143,6 +146,28 @@ void evaluate(Run& r, EpochRecord& rec) {
   r.model->train();
 }
 
+// --fault: fails this rank at the configured step (see config.h).
+void inject_fault(Run& r, at::Tensor& out) {
+  const TrainConfig& c = r.config;
+  if (c.fault.empty() || r.rank != c.fault_rank || r.step + 1 != c.fault_step) return;
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (c.fault_attempt >= 0 && (attempt ? std::atoi(attempt) : 0) != c.fault_attempt) return;
+  log(LogLevel::kWarning, fmt::format("ddp-train: injecting fault '{}' at step {}", c.fault,
+                                      c.fault_step));
+  if (c.fault == "crash-in-backward") {
+    out.register_hook([](const at::Tensor& grad) {
+      std::abort();
+      return grad;
+    });
+  } else if (c.fault == "sigkill") {
+    ::raise(SIGKILL);
+  } else if (c.fault == "sigstop") {
+    ::raise(SIGSTOP);
+  } else if (c.fault == "exit") {
+    std::_Exit(3);
+  }
+}
+
 // One epoch of training. Returns the number of the epoch's batches done,
 // which is less than all of them when --max-steps stopped it early.
 struct EpochProgress {
@@ -175,6 +200,7 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
     at::Tensor x = b->data.to(r.device), y = b->target.to(r.device);
     r.optimizer->zero_grad();
     at::Tensor out = (*r.model)(x);
+    inject_fault(r, out);
     at::Tensor loss = at::cross_entropy_loss(out, y);
     loss.backward();
     r.optimizer->step();
