@@ -159,6 +159,7 @@ struct Arrival {
   const std::string& address;
   std::chrono::milliseconds timeout;
   bool hosts_store = false;
+  bool tcp = false;  // a c10d TCPStore (see bound_store_reads)
 };
 
 int64_t counter(c10d::Store& store, const std::string& key) {
@@ -226,7 +227,24 @@ void await_arrivals(const Arrival& a) {
   }
 }
 
+// c10d's TCPStore (1.13) reads a reply without a time limit, except after
+// wait(), which bounds that read and the socket's later ones by its timeout.
+// Without this, a port whose owner accepts connections but never answers
+// (another program) would hang the rendezvous forever.
+void bound_store_reads(const Arrival& a) {
+  try {
+    a.store.wait({}, a.timeout);
+  } catch (const std::exception& e) {
+    throw TimeoutError(fmt::format(
+        "rank {}: no rendezvous store answered at {} within {} s ({}). Is "
+        "that rank 0's store, and not another program's port? Check "
+        "MASTER_ADDR/MASTER_PORT",
+        a.rank, a.address, seconds(a.timeout), inner_message(e)));
+  }
+}
+
 void check_arrivals(const Arrival& a) {
+  if (a.tcp) bound_store_reads(a);
   try {
     await_arrivals(a);
   } catch (const Error&) {
@@ -265,7 +283,7 @@ void claim_rank0_on_busy_port(const std::string& host, int port,
   } catch (const std::exception&) {
     return;  // not a store, or not answering: some other program's port
   }
-  check_arrivals(Arrival{*store, 0, size, address, timeout, false});
+  check_arrivals(Arrival{*store, 0, size, address, timeout, false, true});
 }
 
 // The TCP store at host:port, hosted by this process when `server`.
@@ -385,7 +403,8 @@ Rendezvous rendezvous(const InitOptions& o) {
   }
   base->setTimeout(o.timeout);
   r.store = c10::make_intrusive<c10d::PrefixStore>(group_prefix(o, r.rank, true), base);
-  check_arrivals(Arrival{*r.store, r.rank, r.size, r.address, o.timeout, hosts_store});
+  const bool tcp = m.rfind("file://", 0) != 0 && m.rfind("memory://", 0) != 0;
+  check_arrivals(Arrival{*r.store, r.rank, r.size, r.address, o.timeout, hosts_store, tcp});
   return r;
 }
 

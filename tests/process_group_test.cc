@@ -294,6 +294,25 @@ TEST(ProcessGroup, ClientWhoseServerNeverComesNamesTheAddress) {
   EXPECT_LT(watch.seconds(), 15.0);
 }
 
+TEST(ProcessGroup, PortOfAProgramThatNeverAnswersTimesOut) {
+  testing::ListeningSocket silent;  // accepts connections, never replies
+  InitOptions o;
+  o.init_method = "tcp://127.0.0.1:" + std::to_string(silent.port());
+  o.rank = 1;
+  o.world_size = 2;
+  o.timeout = 1500ms;
+  Stopwatch watch;
+  try {
+    new_process_group(o);
+    ADD_FAILURE() << "rank 1 joined a store that never answered";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1: no rendezvous store answered at 127.0.0.1:" +
+                                         std::to_string(silent.port()) + " within 1.5 s"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_LT(watch.seconds(), 15.0);
+}
+
 TEST(ProcessGroup, ClientThatStartsBeforeItsServerWaitsForIt) {
   InitOptions o;
   o.init_method = "tcp://127.0.0.1:" + std::to_string(free_port());
