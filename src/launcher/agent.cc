@@ -46,9 +46,14 @@ bool Agent::introduce() {
   const auto deadline = after(10);
   while (link_->alive() && Clock::now() < deadline) {
     wait_or_interrupt(signals_, link_->fd(), 200);
-    for (const auto& m : link_->receive()) {
+    bool welcomed = false;
+    for (auto& m : link_->receive()) {
       const std::string type = m.value("type", "");
-      if (type == "welcome") return true;
+      if (welcomed && (type == "start" || type == "done")) {
+        orders_.push_back(std::move(m));  // came in the same read
+        continue;
+      }
+      welcomed = welcomed || type == "welcome";
       if (type == "reject") {
         throw InvalidArgument(fmt::format("node 0 at {}:{} rejected node {}: {}",
                                           o_.master_addr, o_.master_port,
@@ -59,6 +64,7 @@ bool Agent::introduce() {
                                 m.value("reason", "")));
       }
     }
+    if (welcomed) return true;
   }
   return false;
 }
@@ -91,8 +97,9 @@ void Agent::join() {
 }
 
 Order Agent::next_order() {
-  const auto deadline = after(o_.join_timeout);
-  while (Clock::now() < deadline) {
+  // No deadline of its own: node 0 may be waiting for other nodes' workers
+  // for as long as they run; the heartbeats bound the wait.
+  while (true) {
     while (!orders_.empty()) {
       nlohmann::json m = orders_.front();
       orders_.erase(orders_.begin());
@@ -116,8 +123,6 @@ Order Agent::next_order() {
     wait_or_interrupt(signals_, link_->fd(), link_->ms_until_tick());
     service();
   }
-  return {Order::kLost, 0, 1,
-          fmt::format("node 0 gave no order within join_timeout={} s", o_.join_timeout)};
 }
 
 void Agent::add_poll_fds(std::vector<pollfd>& fds) {

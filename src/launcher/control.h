@@ -39,6 +39,7 @@ struct AttemptOutcome {
   bool restartable = false;  // worker failures only (no lost or stopped node)
   int interrupt_signal = 0;  // the coordinator itself was signalled
   std::optional<FailureReport> root;  // the first failure seen, any node
+  std::string reason;                 // why the attempt was stopped
   std::vector<std::string> notes;     // per-node lines for the summary
 };
 
@@ -53,8 +54,9 @@ class Coordinator : public GroupController {
   void join();
   // Tells every node to start attempt `restart_count`.
   void start_attempt(int restart_count);
-  // After the local group ended: waits (bounded) for every node's exit
-  // report of this attempt and says what the job should do.
+  // After the local group ended: waits for every node's exit report of this
+  // attempt (while they answer heartbeats; at most grace_period + 5 s once
+  // the attempt is being stopped) and says what the job should do.
   AttemptOutcome finish_attempt(const GroupResult& local);
   // Tells every node the job is over, with the exit code they should use.
   void finish_job(int exit_code, const std::string& reason);
@@ -99,7 +101,8 @@ class Agent : public GroupController {
   // TimeoutError naming the address after join_timeout, InvalidArgument
   // when node 0 rejects this node (its message says why), Interrupted.
   void join();
-  // Waits for node 0's next order. Throws Interrupted.
+  // Waits for node 0's next order, for as long as node 0 answers
+  // heartbeats (kLost once it does not). Throws Interrupted.
   Order next_order();
   // Reports how the local group of attempt `restart_count` ended.
   void report_exit(int restart_count, const GroupResult& local);

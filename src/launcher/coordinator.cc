@@ -187,7 +187,7 @@ std::optional<std::string> Coordinator::service() {
     for (const auto& m : l.receive()) handle(l, m);
     l.tick();
     if (was_alive && !l.alive() && attempt_ >= 0 &&
-        node_states_.emplace(l.node_rank, "lost: " + l.why_dead()).second) {
+        node_states_.emplace(l.node_rank, "lost contact: " + l.why_dead()).second) {
       lost_ = true;
       trigger_stop(fmt::format("lost contact with node {} ({}): {}", l.node_rank,
                                l.host, l.why_dead()));
@@ -206,8 +206,13 @@ AttemptOutcome Coordinator::finish_attempt(const GroupResult& local) {
   if (local.interrupt_signal != 0) {
     trigger_stop(fmt::format("node 0 got {}", signal_name(local.interrupt_signal)));
   }
-  const auto deadline = after(o_.grace_period + o_.keep_alive_interval * o_.keep_alive_max_attempt + 10);
-  while (static_cast<int>(node_states_.size()) < o_.nnodes - 1 && Clock::now() < deadline) {
+  // Nodes still running after our workers succeeded may run for as long as
+  // they like (heartbeats bound the wait); once a stop went out, a healthy
+  // node reports within its grace period.
+  std::optional<Clock::time_point> deadline;
+  while (static_cast<int>(node_states_.size()) < o_.nnodes - 1) {
+    if (stop_reason_ && !deadline) deadline = after(o_.grace_period + 5);
+    if (deadline && Clock::now() > *deadline) break;
     std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
     add_poll_fds(fds);
     ::poll(fds.data(), fds.size(), max_sleep_ms());
@@ -219,7 +224,10 @@ AttemptOutcome Coordinator::finish_attempt(const GroupResult& local) {
     service();
   }
   for (const NodeLink& l : links_) {
-    if (node_states_.emplace(l.node_rank, "did not report the end of its workers").second) lost_ = true;
+    if (node_states_.emplace(l.node_rank, fmt::format("did not report within {} s of the stop",
+                                                      o_.grace_period + 5)).second) {
+      lost_ = true;
+    }
   }
   bool all_ok = local.outcome == GroupOutcome::kSucceeded;
   bool interrupted = out.interrupt_signal != 0;
@@ -232,6 +240,7 @@ AttemptOutcome Coordinator::finish_attempt(const GroupResult& local) {
   out.succeeded = all_ok && !lost_;
   out.restartable = !out.succeeded && !lost_ && !interrupted;
   out.root = root_;
+  out.reason = stop_reason_.value_or("");
   return out;
 }
 

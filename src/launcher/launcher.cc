@@ -135,6 +135,7 @@ int coordinate(const Job& job) {
     if (a.root) {
       print_summary(job, *a.root, g.workers, a.notes, k);
     } else {
+      launcher_message("the job failed: " + a.reason);
       for (const std::string& note : a.notes) launcher_message(note);
     }
     if (a.restartable && restart_allowed(o, k)) continue;

@@ -5,7 +5,8 @@
 //
 // Why whole lines: the launcher is the only writer of its console and writes
 // each prefixed line with one write() call from one thread, so lines of
-// different ranks never mix mid-line. Without a prefix (a single rank on
+// different ranks never mix mid-line (a line longer than 64 KiB is passed on
+// in 64 KiB pieces, each a line of its own). Without a prefix (a single rank on
 // the console) bytes pass through as they come, so prompts and progress bars
 // without a newline still show.
 //

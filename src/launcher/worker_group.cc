@@ -143,7 +143,12 @@ bool GroupRun::wind_down(Clock::time_point now) {
     }
     return false;
   }
-  if (!drain_until_) drain_until_ = now + kDrainTime;
+  if (!drain_until_) {
+    // Helpers that left their worker's group would hold the output pipes
+    // open: they go now, then the output drains.
+    kill_stray_children();
+    drain_until_ = now + kDrainTime;
+  }
   bool open = false;
   for (const Worker& w : workers_) {
     for (const OutputStream& s : w.streams) open = open || s.is_open();

@@ -1,0 +1,42 @@
+// The values of ddprun's flags that need more than a number: torchrun's
+// stream selections (-r/-t), local rank lists, and --nproc-per-node names.
+//
+// Thread safety: plain functions over values.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+
+namespace ddp::launcher {
+
+// Which of a worker's standard streams a -r/--redirects or -t/--tee setting
+// names; the values are torchrun's (Std): 0 none, 1 stdout, 2 stderr, 3 both.
+enum StdStreams : int { kStdNone = 0, kStdOut = 1, kStdErr = 2, kStdAll = 3 };
+
+// A -r or -t value: "3" (every local rank) or "0:1,1:2" (per local rank;
+// ranks not named get 0, as in torchrun).
+struct StdSpec {
+  int all = kStdNone;
+  std::map<int, int> per_rank;  // local rank -> StdStreams
+  bool is_mapping = false;
+
+  int for_rank(int local_rank) const;  // the StdStreams of one local rank
+  bool any() const;                    // whether any rank gets any stream
+};
+
+// Parses a -r/-t value. Throws ddp::InvalidArgument naming `flag` when the
+// text is neither a digit 0..3 nor a list of local_rank:digit pairs.
+StdSpec parse_std_spec(const std::string& text, const std::string& flag);
+
+// Parses --local-ranks-filter: "0", "0,2". Throws InvalidArgument naming the
+// flag on anything but comma-separated non-negative integers.
+std::set<int> parse_rank_list(const std::string& text, const std::string& flag);
+
+// Resolves --nproc-per-node: a positive integer, "cpu" (online CPUs), "gpu"
+// (CUDA_VISIBLE_DEVICES entries if set, else /dev/nvidia<N> devices) or
+// "auto" (gpu if there is one, else cpu), as torchrun. Throws InvalidArgument
+// naming the flag for other text, zero, or "gpu" without a GPU.
+int resolve_nproc_per_node(const std::string& text);
+
+}  // namespace ddp::launcher

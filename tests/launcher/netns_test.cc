@@ -1,0 +1,186 @@
+// Two nodes for real: two network namespaces joined by a veth pair, one
+// ddprun per namespace, 2 ranks each, running a ddp program
+// (allreduce_worker) that all_reduces over Gloo across the "nodes", and a
+// short DistributedDataParallel training (ddp-train). Needs
+// root and `ip netns`; skips with the reason otherwise. Also runs the same
+// program as two nodes on the loopback, which needs neither.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "launcher/launcher_fixture.h"
+
+namespace ddp::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+const char* ip_path() {
+  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
+    if (access(p, X_OK) == 0) return p;
+  }
+  return "ip";
+}
+
+bool sh(const std::string& command) {
+  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+// Namespaces <base>0 (10.77.0.1) and <base>1 (10.77.0.2) joined by a veth
+// pair; removed (with the pair) in the destructor.
+class NamespacePair {
+ public:
+  NamespacePair() : base_("ddpl" + std::to_string(getpid() % 100000) + "n") {
+    if (geteuid() != 0) {
+      why_not_ = "needs root to create network namespaces";
+      return;
+    }
+    if (access(ip_path(), X_OK) != 0) {
+      why_not_ = "the `ip` tool (iproute2) is not installed";
+      return;
+    }
+    const std::string a = ns(0), b = ns(1), va = veth(0), vb = veth(1);
+    bool ok = sh("ip netns add " + a) && sh("ip netns add " + b) &&
+              sh("ip link add " + va + " type veth peer name " + vb) &&
+              sh("ip link set " + va + " netns " + a) && sh("ip link set " + vb + " netns " + b) &&
+              sh("ip -n " + a + " addr add 10.77.0.1/24 dev " + va) &&
+              sh("ip -n " + b + " addr add 10.77.0.2/24 dev " + vb) &&
+              sh("ip -n " + a + " link set " + va + " up") &&
+              sh("ip -n " + b + " link set " + vb + " up") &&
+              sh("ip -n " + a + " link set lo up") && sh("ip -n " + b + " link set lo up");
+    if (!ok) why_not_ = "could not create two network namespaces joined by a veth pair";
+  }
+  ~NamespacePair() {
+    sh("ip netns del " + ns(0));
+    sh("ip netns del " + ns(1));
+  }
+  const std::string& why_not() const { return why_not_; }
+  std::string ns(int i) const { return base_ + std::to_string(i); }
+  std::string veth(int i) const { return base_ + "v" + std::to_string(i); }
+  void cut() const { sh("ip -n " + ns(0) + " link set " + veth(0) + " down"); }
+
+ private:
+  std::string base_;
+  std::string why_not_;
+};
+
+class NetnsTest : public LauncherTest {
+ protected:
+  // ddprun for node `node` of 2 (2 ranks each) running allreduce_worker;
+  // inside namespace `ns` when given.
+  std::vector<std::string> node(int node, const std::string& ns, const std::string& master,
+                                int port, const std::vector<std::string>& args,
+                                const std::string& keep_alive = "keep_alive_interval=1,"
+                                                                "keep_alive_max_attempt=5",
+                                const std::string& program = ALLREDUCE_WORKER_PATH) const {
+    std::vector<std::string> argv;
+    if (!ns.empty()) argv = {ip_path(), "netns", "exec", ns};
+    for (std::string a : {std::string(DDPRUN_PATH), std::string("--nnodes=2"),
+                          "--node-rank=" + std::to_string(node), std::string("--nproc-per-node=2"),
+                          "--master-addr=" + master, "--master-port=" + std::to_string(port),
+                          std::string("--grace-period=2"),
+                          "--rdzv-conf=" + keep_alive, program}) {
+      argv.push_back(a);
+    }
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+
+  static void expect_sums(const ProcessResult& r, int first_rank, int steps) {
+    for (int rank = first_rank; rank < first_rank + 2; ++rank) {
+      for (int step = 1; step <= steps; ++step) {
+        EXPECT_THAT(r.out, HasSubstr("[rank" + std::to_string(rank) + "]:rank " +
+                                     std::to_string(rank) + " world 4 step " +
+                                     std::to_string(step) + " sum 10\n"));
+      }
+    }
+  }
+};
+
+TEST_F(NetnsTest, AllReduceOnTwoLoopbackNodes) {
+  const int port = free_tcp_port();
+  TestProcess n0(node(0, "", "127.0.0.1", port, {"3"}), env());
+  TestProcess n1(node(1, "", "127.0.0.1", port, {"3"}), env());
+  auto r0 = n0.wait(120);
+  auto r1 = n1.wait(120);
+  ASSERT_EQ(r0.exit_code, 0) << r0.err;
+  ASSERT_EQ(r1.exit_code, 0) << r1.err;
+  expect_sums(r0, 0, 3);
+  expect_sums(r1, 2, 3);
+  expect_no_survivors();
+}
+
+TEST_F(NetnsTest, AllReduceAcrossTwoNamespaces) {
+  NamespacePair net;
+  if (!net.why_not().empty()) GTEST_SKIP() << net.why_not();
+  TestProcess n0(node(0, net.ns(0), "10.77.0.1", 29500, {"3"}), env());
+  TestProcess n1(node(1, net.ns(1), "10.77.0.1", 29500, {"3"}), env());
+  auto r0 = n0.wait(120);
+  auto r1 = n1.wait(120);
+  ASSERT_EQ(r0.exit_code, 0) << r0.err;
+  ASSERT_EQ(r1.exit_code, 0) << r1.err;
+  expect_sums(r0, 0, 3);
+  expect_sums(r1, 2, 3);
+  expect_no_survivors();
+}
+
+TEST_F(NetnsTest, ShortTrainingAcrossTwoNamespaces) {
+#ifndef DDP_TRAIN_PATH
+  GTEST_SKIP() << "ddp-train is not built";
+#else
+  if (!std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good()) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  NamespacePair net;
+  if (!net.why_not().empty()) GTEST_SKIP() << net.why_not();
+  // DistributedDataParallel over 2 nodes x 2 ranks: 4 steps of 4 x 64
+  // images; ddp-train checks that every rank ends with the same parameters.
+  const std::vector<std::string> args{"--out-dir", path("out"), "--train-samples", "1024",
+                                      "--test-samples", "256", "--epochs", "1", "--no-plot",
+                                      "--timeout", "120"};
+  const std::string keep_alive = "keep_alive_interval=1,keep_alive_max_attempt=10";
+  TestProcess n0(node(0, net.ns(0), "10.77.0.1", 29500, args, keep_alive, DDP_TRAIN_PATH), env());
+  TestProcess n1(node(1, net.ns(1), "10.77.0.1", 29500, args, keep_alive, DDP_TRAIN_PATH), env());
+  auto r0 = n0.wait(240);
+  auto r1 = n1.wait(240);
+  ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
+  ASSERT_EQ(r1.exit_code, 0) << r1.out << r1.err;
+  EXPECT_EQ(lines_with(r0.out, "parameters identical on all 4 ranks").size(), 1u) << r0.out;
+  expect_no_survivors();
+#endif
+}
+
+TEST_F(NetnsTest, CuttingTheLinkEndsTheJobOnBothNodes) {
+  NamespacePair net;
+  if (!net.why_not().empty()) GTEST_SKIP() << net.why_not();
+  // A long run whose collectives time out after 3 s; the launchers' own
+  // heartbeats give up after 12 s.
+  const std::vector<std::string> args{"100000", "0.1", "3000"};
+  const std::string slow = "keep_alive_interval=1,keep_alive_max_attempt=12";
+  TestProcess n0(node(0, net.ns(0), "10.77.0.1", 29500, args, slow), env());
+  TestProcess n1(node(1, net.ns(1), "10.77.0.1", 29500, args, slow), env());
+  ASSERT_TRUE(n0.wait_for_output("rank 1 world 4 step 3 ", 120)) << n0.output_so_far();
+  ASSERT_TRUE(n1.wait_for_output("rank 3 world 4 step 3 ", 120)) << n1.output_so_far();
+  net.cut();
+  auto r0 = n0.wait(120);
+  auto r1 = n1.wait(120);
+  ASSERT_FALSE(r0.timed_out || r1.timed_out);
+  EXPECT_EQ(r0.exit_code, 1) << r0.err;
+  EXPECT_EQ(r1.exit_code, 1) << r1.err;
+  // Each launcher explains why: a rank of its own failed (its all_reduce
+  // timed out), or it lost the other launcher. Both end their workers.
+  // (Whether every rank reports its own timeout is up to the program and
+  // ddp; the launchers end the job either way.)
+  for (const auto* r : {&r0, &r1}) {
+    const bool explained = r->err.find("Root cause (first observed failure)") != std::string::npos ||
+                           r->err.find("lost contact with node") != std::string::npos;
+    EXPECT_TRUE(explained) << r->err;
+  }
+  expect_no_survivors();
+}
+
+}  // namespace
+}  // namespace ddp::testing

@@ -1,0 +1,157 @@
+// ddprun's command line (options.cc), in process: torchrun's spellings, the
+// split between launcher flags and the program's arguments, and the errors.
+#include "launcher/options.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "ddp/error.h"
+
+namespace ddp::launcher {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+struct Parsed {
+  std::optional<int> exit_code;
+  LaunchOptions options;
+  std::string out, err;
+};
+
+Parsed parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "ddprun");
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  Parsed p;
+  std::ostringstream out, err;
+  p.exit_code = parse_command_line(static_cast<int>(argv.size()), argv.data(), p.options, out, err);
+  p.out = out.str();
+  p.err = err.str();
+  return p;
+}
+
+TEST(LauncherOptions, DefaultsAreTorchruns) {
+  Parsed p = parse({"prog"});
+  ASSERT_FALSE(p.exit_code) << p.err;
+  const LaunchOptions& o = p.options;
+  EXPECT_EQ(o.nproc_per_node, 1);
+  EXPECT_EQ(o.nnodes, 1);
+  EXPECT_EQ(o.node_rank, 0);
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.master_port, 29500);
+  EXPECT_EQ(o.max_restarts, 0);
+  EXPECT_EQ(o.run_id, "none");
+  EXPECT_EQ(o.role, "default");
+  EXPECT_FALSE(o.legacy_local_rank_arg);
+  EXPECT_THAT(o.program, ElementsAre("prog"));
+}
+
+TEST(LauncherOptions, BothSpellingsAndEqualsForms) {
+  for (auto args : {std::vector<std::string>{"--nproc_per_node", "4", "--node_rank=1",
+                                             "--nnodes=2", "--master_addr", "10.0.0.1",
+                                             "--master_port=1234", "--max_restarts", "2"},
+                    std::vector<std::string>{"--nproc-per-node=4", "--node-rank", "1",
+                                             "--nnodes", "2:2", "--master-addr=10.0.0.1",
+                                             "--master-port", "1234", "--max-restarts=2"}}) {
+    args.push_back("prog");
+    Parsed p = parse(args);
+    ASSERT_FALSE(p.exit_code) << p.err;
+    EXPECT_EQ(p.options.nproc_per_node, 4);
+    EXPECT_EQ(p.options.node_rank, 1);
+    EXPECT_EQ(p.options.nnodes, 2);
+    EXPECT_EQ(p.options.master_addr, "10.0.0.1");
+    EXPECT_EQ(p.options.master_port, 1234);
+    EXPECT_EQ(p.options.max_restarts, 2);
+    EXPECT_EQ(p.options.global_rank(3), 7);
+    EXPECT_EQ(p.options.world_size(), 8);
+  }
+}
+
+TEST(LauncherOptions, ProgramArgumentsAreNotParsed) {
+  Parsed p = parse({"-t", "3", "prog", "--nproc_per_node", "9", "-r", "--help"});
+  ASSERT_FALSE(p.exit_code) << p.err;
+  EXPECT_EQ(p.options.nproc_per_node, 1);
+  EXPECT_EQ(p.options.tee.for_rank(0), kStdAll);
+  EXPECT_THAT(p.options.program, ElementsAre("prog", "--nproc_per_node", "9", "-r", "--help"));
+  Parsed q = parse({"--standalone", "--", "-weird-name", "a"});
+  ASSERT_FALSE(q.exit_code) << q.err;
+  EXPECT_THAT(q.options.program, ElementsAre("-weird-name", "a"));
+}
+
+TEST(LauncherOptions, LegacyLaunchAndUseEnv) {
+  EXPECT_TRUE(parse({"--legacy-launch", "p"}).options.legacy_local_rank_arg);
+  EXPECT_FALSE(parse({"--legacy-launch", "--use_env", "p"}).options.legacy_local_rank_arg);
+  EXPECT_FALSE(parse({"--use-env", "p"}).options.legacy_local_rank_arg);
+}
+
+TEST(LauncherOptions, RendezvousFlagsOfTorchrun) {
+  Parsed p = parse({"--rdzv-backend", "c10d", "--rdzv_endpoint", "node7:4000", "--rdzv-id",
+                    "abc", "--rdzv_conf", "join_timeout=30,keep_alive_interval=2,foo=bar", "p"});
+  ASSERT_FALSE(p.exit_code) << p.err;
+  EXPECT_EQ(p.options.master_addr, "node7");
+  EXPECT_EQ(p.options.master_port, 4000);
+  EXPECT_EQ(p.options.run_id, "abc");
+  EXPECT_EQ(p.options.join_timeout, 30);
+  EXPECT_EQ(p.options.keep_alive_interval, 2);
+  Parsed v6 = parse({"--master-addr", "[::1]", "p"});
+  EXPECT_EQ(v6.options.master_addr, "::1");
+  Parsed s = parse({"--standalone", "--master-addr", "10.1.1.1", "p"});
+  EXPECT_EQ(s.options.master_addr, "127.0.0.1");
+}
+
+TEST(LauncherOptions, ErrorsNameTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--nproc-per-node", "0", "p"}, "--nproc-per-node 0 is out of range"},
+           {{"--nproc-per-node", "many", "p"}, "--nproc-per-node 'many' is not valid"},
+           {{"--nnodes", "1:4", "p"}, "elastic node ranges are not supported"},
+           {{"--nnodes", "2", "--node-rank", "2", "p"}, "--node-rank 2 is out of range"},
+           {{"--standalone", "--nnodes", "2", "p"}, "--standalone runs one node"},
+           {{"--master-port", "70000", "p"}, "--master-port 70000 is out of range"},
+           {{"-r", "4", "p"}, "--redirects '4' is not valid"},
+           {{"--tee", "0:5", "p"}, "--tee '0:5' is not valid"},
+           {{"--local-ranks-filter", "a", "p"}, "--local-ranks-filter 'a' is not valid"},
+           {{"--rdzv-backend", "etcd", "p"}, "--rdzv-backend 'etcd' is not supported"},
+           {{"--max-restarts", "-1", "p"}, "--max-restarts -1 is negative"},
+           {{"-m", "p"}, "use `ddprun [flags] python3 -u -m MODULE`"},
+           {{"--nproc-per-node", "2"}, "no program given"},
+       }) {
+    Parsed p = parse(c.args);
+    EXPECT_EQ(p.exit_code, 2) << c.message;
+    EXPECT_THAT(p.err, HasSubstr(c.message));
+  }
+}
+
+TEST(LauncherOptions, HelpNamesEveryFlag) {
+  Parsed p = parse({"--help"});
+  EXPECT_EQ(p.exit_code, 0);
+  for (const char* flag :
+       {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+        "--standalone", "--max-restarts", "--monitor-interval", "--grace-period", "--log-dir",
+        "--redirects", "--tee", "--local-ranks-filter", "--run-id", "--no-python", "--use-env",
+        "--legacy-launch", "--rdzv-endpoint", "--rdzv-conf", "Usage: ddprun [flags] PROGRAM"}) {
+    EXPECT_THAT(p.out, HasSubstr(flag));
+  }
+}
+
+TEST(LauncherOptions, PetEnvironmentVariables) {
+  setenv("PET_NPROC_PER_NODE", "3", 1);
+  setenv("PET_MAX_RESTARTS", "2", 1);
+  Parsed p = parse({"p"});
+  Parsed q = parse({"--nproc-per-node", "5", "p"});
+  unsetenv("PET_NPROC_PER_NODE");
+  unsetenv("PET_MAX_RESTARTS");
+  EXPECT_EQ(p.options.nproc_per_node, 3);
+  EXPECT_EQ(p.options.max_restarts, 2);
+  EXPECT_EQ(q.options.nproc_per_node, 5);  // the flag wins
+}
+
+}  // namespace
+}  // namespace ddp::launcher

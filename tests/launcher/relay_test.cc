@@ -1,0 +1,98 @@
+// The output relay (relay.cc) on a pipe, in process: prefixed whole lines,
+// a trailing unterminated line, the stderr tail, the log file.
+#include "launcher/relay.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "launcher/process_harness.h"
+
+namespace ddp::launcher {
+namespace {
+
+using ::testing::ElementsAre;
+
+struct Pipe {
+  int fds[2];
+  Pipe() {
+    EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
+    fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  }
+  void write(const std::string& s) { EXPECT_EQ(::write(fds[1], s.data(), s.size()), (ssize_t)s.size()); }
+};
+
+// Relays `chunks` written one by one through an OutputStream whose console
+// is another pipe; returns what reached that console.
+std::string relay(StreamRoute route, const std::vector<std::string>& chunks,
+                  std::vector<std::string>* tail = nullptr) {
+  Pipe in, console;
+  fcntl(console.fds[0], F_SETFL, O_NONBLOCK);
+  route.console_fd = console.fds[1];
+  OutputStream s(in.fds[0], route);
+  for (const std::string& c : chunks) {
+    in.write(c);
+    s.read_available();
+  }
+  close(in.fds[1]);
+  s.drain();
+  EXPECT_FALSE(s.is_open());  // end of stream seen
+  if (tail) *tail = s.tail();
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(console.fds[0], buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(console.fds[0]);
+  close(console.fds[1]);
+  return out;
+}
+
+TEST(LauncherRelay, PrefixesWholeLinesOnly) {
+  StreamRoute r;
+  r.prefix = "[rank3]:";
+  EXPECT_EQ(relay(r, {"hel", "lo\nwor", "ld\n\nlast"}),
+            "[rank3]:hello\n[rank3]:world\n[rank3]:\n[rank3]:last\n");
+}
+
+TEST(LauncherRelay, WithoutPrefixBytesPassAsTheyCome) {
+  StreamRoute r;
+  EXPECT_EQ(relay(r, {"50%\r", "100%\r\n", "no newline"}), "50%\r100%\r\nno newline");
+}
+
+TEST(LauncherRelay, KeepsTheLastLinesForTheSummary) {
+  StreamRoute r;
+  r.tail_lines = 2;
+  std::vector<std::string> tail;
+  relay(r, {"a\nb\n", "c\nd"}, &tail);
+  EXPECT_THAT(tail, ElementsAre("c", "d"));
+}
+
+TEST(LauncherRelay, LogFileGetsTheRawBytes) {
+  std::string dir = testing::make_temp_dir();
+  StreamRoute r;
+  r.prefix = "[rank0]:";
+  r.log_path = dir + "/stdout.log";
+  relay(r, {"x\n", "y"});
+  EXPECT_EQ(testing::read_text(dir + "/stdout.log"), "x\ny");
+  testing::remove_tree(dir);
+}
+
+TEST(LauncherRelay, UnwritableLogFileIsNamed) {
+  Pipe in;
+  StreamRoute r;
+  r.log_path = "/nonexistent-dir/x/stdout.log";
+  try {
+    OutputStream s(in.fds[0], r);
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("could not create log file "
+                                               "'/nonexistent-dir/x/stdout.log'"));
+  }
+  close(in.fds[1]);
+}
+
+}  // namespace
+}  // namespace ddp::launcher

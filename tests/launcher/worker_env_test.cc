@@ -1,0 +1,55 @@
+// What workers are given (worker_env.cc), in process.
+#include "launcher/worker_env.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace ddp::launcher {
+namespace {
+
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::Not;
+
+TEST(LauncherWorkerEnv, RanksOfASecondNode) {
+  LaunchOptions o;
+  o.nproc_per_node = 2;
+  o.nnodes = 3;
+  o.node_rank = 1;
+  o.max_restarts = 4;
+  o.run_id = "r";
+  AttemptInfo a{2, "10.0.0.1", 1234};
+  const char* base[] = {"PATH=/bin", "OMP_NUM_THREADS=", "TORCHELASTIC_USE_AGENT_STORE=True",
+                        "PYTHONUNBUFFERED=0", nullptr};
+  auto env = worker_environment(o, 1, a, "/e.json", base);
+  for (const char* kv : {"RANK=3", "LOCAL_RANK=1", "WORLD_SIZE=6", "LOCAL_WORLD_SIZE=2",
+                         "GROUP_RANK=1", "GROUP_WORLD_SIZE=3", "ROLE_RANK=3",
+                         "ROLE_WORLD_SIZE=6", "ROLE_NAME=default", "MASTER_ADDR=10.0.0.1",
+                         "MASTER_PORT=1234", "TORCHELASTIC_RESTART_COUNT=2",
+                         "TORCHELASTIC_MAX_RESTARTS=4", "TORCHELASTIC_RUN_ID=r",
+                         "TORCHELASTIC_ERROR_FILE=/e.json", "OMP_NUM_THREADS=1",
+                         "NCCL_ASYNC_ERROR_HANDLING=1", "PYTHONUNBUFFERED=0", "PATH=/bin"}) {
+    EXPECT_THAT(env, Contains(kv));
+  }
+  EXPECT_THAT(env, Not(Contains("TORCHELASTIC_USE_AGENT_STORE=True")));
+  EXPECT_TRUE(sets_omp_num_threads(o, base));  // empty counts as unset
+}
+
+TEST(LauncherWorkerEnv, OneWorkerKeepsOmpUnset) {
+  LaunchOptions o;
+  const char* base[] = {nullptr};
+  auto env = worker_environment(o, 0, AttemptInfo{0, "127.0.0.1", 29500}, "/e", base);
+  for (const std::string& kv : env) EXPECT_NE(kv.rfind("OMP_NUM_THREADS=", 0), 0u);
+  EXPECT_FALSE(sets_omp_num_threads(o, base));
+}
+
+TEST(LauncherWorkerEnv, LegacyArgumentGoesRightAfterTheProgram) {
+  LaunchOptions o;
+  o.program = {"train", "--lr", "0.1"};
+  EXPECT_THAT(worker_arguments(o, 1), ElementsAre("train", "--lr", "0.1"));
+  o.legacy_local_rank_arg = true;
+  EXPECT_THAT(worker_arguments(o, 1), ElementsAre("train", "--local_rank=1", "--lr", "0.1"));
+}
+
+}  // namespace
+}  // namespace ddp::launcher
