@@ -150,16 +150,22 @@ void print0f(const char* format, ...) {
   write_all(stdout, with_prefix("", text));
 }
 
+// "[rank1]: ", or "" when the launcher already prefixes every line with the
+// rank (ddprun sets DDP_LOG_RANK_PREFIX=0 then), so lines do not read
+// "[rank1]:[rank1]: ...".
+std::string rank_prefix() {
+  const char* v = std::getenv("DDP_LOG_RANK_PREFIX");
+  if (v && std::string(v) == "0") return "";
+  return "[rank" + std::to_string(current_rank()) + "]: ";
+}
+
 void print_all(const std::string& text) {
-  write_all(stdout, with_prefix("[rank" + std::to_string(current_rank()) + "]: ",
-                                text));
+  write_all(stdout, with_prefix(rank_prefix(), text));
 }
 
 void log(LogLevel level, const std::string& message) {
   if (!log_enabled(level)) return;
-  write_all(stderr, with_prefix("[rank" + std::to_string(current_rank()) +
-                                    "]: " + to_string(level) + ": ",
-                                message));
+  write_all(stderr, with_prefix(rank_prefix() + to_string(level) + ": ", message));
 }
 
 void logf(LogLevel level, const char* format, ...) {

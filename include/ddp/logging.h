@@ -69,7 +69,9 @@ void print0f(const char* format, ...) __attribute__((format(printf, 1, 2)));
 void print_all(const std::string& text);
 
 // Writes "[rank<N>]: <LEVEL>: <message>" to stderr when `level` passes the
-// threshold, on the calling rank.
+// threshold, on the calling rank. The "[rank<N>]: " prefix (also that of
+// print_all) is left out when DDP_LOG_RANK_PREFIX=0, which ddprun sets for
+// workers whose lines it prefixes itself.
 void log(LogLevel level, const std::string& message);
 void logf(LogLevel level, const char* format, ...)
     __attribute__((format(printf, 2, 3)));
