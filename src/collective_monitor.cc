@@ -45,7 +45,7 @@ CollectiveMonitor::CollectiveMonitor(c10::intrusive_ptr<c10d::Store> store,
       rank_(rank),
       size_(size),
       options_(options) {
-  if (size_ > 1) publisher_ = std::thread([this] { publish_loop(); });
+  if (size_ > 1 && publish_store_) publisher_ = std::thread([this] { publish_loop(); });
 }
 
 CollectiveMonitor::~CollectiveMonitor() {
@@ -104,6 +104,7 @@ void CollectiveMonitor::publish_loop() {
 }
 
 std::string CollectiveMonitor::stall_report(uint64_t seq) {
+  if (!publish_store_) return "";
   std::vector<std::string> lines;
   try {
     for (int k = 0; k < size_; ++k) {

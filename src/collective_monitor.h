@@ -45,7 +45,9 @@ struct MonitorOptions {
 class CollectiveMonitor {
  public:
   // `store`: the group's store; `publish_store`: a connection for the
-  // publisher thread (may be the same object for in-process and file stores).
+  // publisher thread and stall reports whose reads are bounded (the same
+  // object for in-process and file stores); null: neither publication nor
+  // reports.
   CollectiveMonitor(c10::intrusive_ptr<c10d::Store> store,
                     c10::intrusive_ptr<c10d::Store> publish_store, int rank, int size,
                     MonitorOptions options);

@@ -64,11 +64,12 @@ std::string ProcessGroupImpl::describe(const std::string& op,
 ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl)
     : impl_(std::move(impl)) {}
 ProcessGroup::~ProcessGroup() {
-  // A timed-out operation may still hold a Gloo worker thread until the
-  // backend's own timeout (a per-call timeout is ddp's alone); destroying
-  // the backend joins that thread, so destroy_process_group() or the exit
-  // would hang that long. A group is unusable after a timeout (as in
-  // PyTorch): the backend is left to finish on its own, never freed.
+  // After a failed collective a Gloo worker thread may still be blocked:
+  // on an operation past ddp's per-call timeout, or sending to a peer that
+  // is gone or cut off (waitSend). Destroying the backend joins those
+  // threads, so destroy_process_group() or the exit would hang. A group is
+  // unusable after a failure (as in PyTorch): the backend is left to finish
+  // on its own, never freed.
   if (impl_ && impl_->abandoned_work.load() && impl_->backend) {
     (void)impl_->backend.release();
   }
@@ -118,7 +119,7 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
   }
   if (r.size > 1) {
     impl->monitor = std::make_unique<detail::CollectiveMonitor>(
-        r.store, r.publish_store ? r.publish_store : r.store, r.rank, r.size,
+        r.store, r.publish_store, r.rank, r.size,
         monitor_options(options));
   }
   return std::make_shared<ProcessGroup>(std::move(impl));

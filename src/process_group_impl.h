@@ -29,8 +29,9 @@ struct ProcessGroupImpl {
   std::atomic<uint64_t> next_seq{0};
   // Stall inspector and debug-mode check (null for a group of one).
   std::unique_ptr<CollectiveMonitor> monitor;
-  // A collective timed out while its backend operation was still running
-  // (a per-call timeout shorter than the backend's): see ~ProcessGroup.
+  // A collective failed (timed out, or a peer vanished): the backend's
+  // threads may still be blocked on a dead or unreachable peer, so the
+  // backend is never destroyed (see ~ProcessGroup).
   std::atomic<bool> abandoned_work{false};
 
   void monitor_step(int64_t step) {

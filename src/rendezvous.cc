@@ -318,10 +318,12 @@ c10::intrusive_ptr<c10d::Store> env_store(const InitOptions& o, Rendezvous& r,
   r.address = fmt::format("{}:{}", env.master_addr, env.master_port);
   r.gloo_address = gloo_address_for(o.gloo_address, env.master_addr);
   hosts_store = r.rank == 0 && !env.use_agent_store;
+  r.tcp_host = env.master_addr;
+  r.tcp_port = env.master_port;
   auto base = connect_tcp(env.master_addr, env.master_port, hosts_store, o, r);
   if (!env.use_agent_store) return base;
-  return c10::make_intrusive<c10d::PrefixStore>(
-      fmt::format("/worker/attempt_{}", env.restart_count), base);
+  r.tcp_prefix = fmt::format("/worker/attempt_{}", env.restart_count);
+  return c10::make_intrusive<c10d::PrefixStore>(r.tcp_prefix, base);
 }
 
 // tcp://, file:// and memory://: rank and size from InitOptions.
@@ -337,6 +339,8 @@ c10::intrusive_ptr<c10d::Store> explicit_store(const InitOptions& o,
     r.address = fmt::format("{}:{}", host, port);
     r.gloo_address = gloo_address_for(o.gloo_address, host);
     hosts_store = r.rank == 0;
+    r.tcp_host = host;
+    r.tcp_port = port;
     return connect_tcp(host, port, hosts_store, o, r);
   }
   if (m.rfind("file://", 0) == 0) {
@@ -350,6 +354,29 @@ c10::intrusive_ptr<c10d::Store> explicit_store(const InitOptions& o,
   r.address = m;
   r.gloo_address = gloo_address_for(o.gloo_address, "127.0.0.1");
   return memory_store(m.substr(9));
+}
+
+// The stall inspector's own connection to a TCP store (Note [Progress
+// publication]): reads on it are bounded by kPublishTimeout (a wait() sets
+// the socket's limit in c10d 1.13), so a store host that is stopped or cut
+// off cannot block the thread that publishes progress or the rank that asks
+// for a report. Null (no publication) when it cannot be opened.
+c10::intrusive_ptr<c10d::Store> publish_store(const Rendezvous& r, const std::string& prefix) {
+  constexpr std::chrono::milliseconds kPublishTimeout{5000};
+  try {
+    c10d::TCPStoreOptions po;
+    po.port = static_cast<uint16_t>(r.tcp_port);
+    po.isServer = false;
+    po.waitWorkers = false;
+    po.timeout = kPublishTimeout;
+    c10::intrusive_ptr<c10d::Store> s = c10::make_intrusive<c10d::TCPStore>(r.tcp_host, po);
+    if (!r.tcp_prefix.empty()) s = c10::make_intrusive<c10d::PrefixStore>(r.tcp_prefix, s);
+    s = c10::make_intrusive<c10d::PrefixStore>(prefix, s);
+    s->wait({}, kPublishTimeout);
+    return s;
+  } catch (const std::exception&) {
+    return {};
+  }
 }
 
 }  // namespace
@@ -402,9 +429,11 @@ Rendezvous rendezvous(const InitOptions& o) {
         m));
   }
   base->setTimeout(o.timeout);
-  r.store = c10::make_intrusive<c10d::PrefixStore>(group_prefix(o, r.rank, true), base);
+  const std::string prefix = group_prefix(o, r.rank, true);
+  r.store = c10::make_intrusive<c10d::PrefixStore>(prefix, base);
   const bool tcp = m.rfind("file://", 0) != 0 && m.rfind("memory://", 0) != 0;
   check_arrivals(Arrival{*r.store, r.rank, r.size, r.address, o.timeout, hosts_store, tcp});
+  r.publish_store = tcp ? publish_store(r, prefix) : r.store;
   return r;
 }
 

@@ -20,6 +20,11 @@ struct Rendezvous {
   // stall inspector's background thread (Note [Progress publication]);
   // null: use `store`.
   c10::intrusive_ptr<c10d::Store> publish_store;
+  // TCP stores: where the store is and the prefix above the group's
+  // (torchrun's "/worker/attempt_N"), to open publish_store.
+  std::string tcp_host;
+  int tcp_port = 0;
+  std::string tcp_prefix;
 };
 
 // Parses options.init_method, creates or connects to the store, and waits

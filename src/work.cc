@@ -145,8 +145,11 @@ void WorkImpl::wait() {
       try {
         rethrow_as_comm_error(what);
       } catch (const TimeoutError& e) {
-        if (work && !work->isCompleted()) group->impl().abandoned_work = true;
+        group->impl().abandoned_work = true;
         error = std::make_exception_ptr(TimeoutError(with_stall_report(e.what())));
+      } catch (const CommError&) {
+        group->impl().abandoned_work = true;
+        error = std::current_exception();
       } catch (...) {
         error = std::current_exception();
       }
