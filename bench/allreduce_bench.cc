@@ -5,8 +5,10 @@
 //   ddprun --standalone --nproc-per-node 2 allreduce-bench --bytes 7454760
 //
 // Rank 0 writes {"bytes", "time_s": {median, p10, p90, ...},
-// "bandwidth_gb_s" (bytes / median time), ...} to --out-json or stdout.
+// "bandwidth_gb_s" (bytes / median time), "copy_s" (one local copy of the
+// same bytes, for reference), ...} to --out-json or stdout.
 #include <CLI/CLI.hpp>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/ones.h>
 
 #include <torch/cuda.h>
@@ -52,13 +54,25 @@ int main(int argc, char** argv) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (i >= warmup) times.push_back(s);
     }
+    // Reference: one local copy of the same bytes (what a shared-memory
+    // transport would move per rank and step, at best).
+    at::Tensor dst = at::empty_like(t);
+    std::vector<double> copies;
+    for (int i = 0; i < warmup + iters; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      dst.copy_(t);
+      if (dev.is_cuda()) torch::cuda::synchronize(dev.index());
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (i >= warmup) copies.push_back(s);
+    }
     const int rank = ddp::get_rank(), world = ddp::get_world_size();
     ddp::destroy_process_group();
     if (rank != 0) return 0;
     nlohmann::json out{{"impl", "ddp-cpp"}, {"mode", "allreduce"}, {"world_size", world},
                        {"bytes", t.numel() * 4}, {"gloo_threads", gloo_threads},
                        {"device", device}, {"backend", backend},
-                       {"time_s", ddp::bench::summarize(times)}};
+                       {"time_s", ddp::bench::summarize(times)},
+                       {"copy_s", ddp::bench::summarize(copies)}};
     out["bandwidth_gb_s"] = t.numel() * 4 / out["time_s"]["median"].get<double>() / 1e9;
     out["command"] = std::vector<std::string>(argv, argv + argc);
     if (out_json.empty()) {

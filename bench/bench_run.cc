@@ -10,6 +10,8 @@
 #include <torch/optim/sgd.h>
 #include <torch/version.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,6 +31,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Batches = std::vector<std::pair<at::Tensor, at::Tensor>>;
 using nlohmann::json;
+
+// CPU time of this process (all threads: compute, autograd, Gloo), seconds.
+double process_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto tv = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return tv(u.ru_utime) + tv(u.ru_stime);
+}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -95,6 +105,7 @@ json stats_json(const DdpStats& s) {
 
 struct LoopResult {
   double elapsed_s = 0;
+  double cpu_s = 0;  // this rank's CPU time over the timed steps
   std::vector<double> step_s;
   double final_loss = NAN;
 };
@@ -116,12 +127,14 @@ LoopResult train_loop(Net& net, torch::optim::Optimizer& opt, const Batches& bat
   if (distributed) barrier();
   LoopResult r;
   const auto t0 = Clock::now();
+  const double cpu0 = process_cpu_s();
   for (int i = 0; i < c.steps; ++i) {
     const auto s0 = Clock::now();
     step(c.warmup + i);
     sync_device(device);
     r.step_s.push_back(seconds_since(s0));
   }
+  r.cpu_s = process_cpu_s() - cpu0;
   if (distributed) barrier();
   r.elapsed_s = seconds_since(t0);
   if (loss.defined()) r.final_loss = loss.item<double>();
@@ -159,6 +172,7 @@ json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, in
   out["elapsed_s"] = r.elapsed_s;
   out["samples_per_s"] = static_cast<double>(world) * s.batch * c.steps / r.elapsed_s;
   out["step_s"] = summarize(r.step_s);
+  out["cpu_s_per_step"] = r.cpu_s / c.steps;
   out["final_loss"] = r.final_loss;
   return out;
 }

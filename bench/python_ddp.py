@@ -17,6 +17,7 @@ Rank 0 writes its result as JSON to --out-json (or prints it).
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -173,6 +174,12 @@ def sync_device(device):
         torch.cuda.synchronize(device)
 
 
+def process_cpu_s():
+    """CPU time of this process (all threads), as bench_run.cc measures it."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
 def train_loop(net, opt, batches, a, distributed):
     loss = None
     device = device_of(a)
@@ -192,14 +199,16 @@ def train_loop(net, opt, batches, a, distributed):
         dist.barrier()
     steps = []
     t0 = time.perf_counter()
+    cpu0 = process_cpu_s()
     for i in range(a.steps):
         s0 = time.perf_counter()
         step(a.warmup + i)
         sync_device(device)
         steps.append(time.perf_counter() - s0)
+    cpu = process_cpu_s() - cpu0
     if distributed:
         dist.barrier()
-    return time.perf_counter() - t0, steps, float(loss)
+    return time.perf_counter() - t0, steps, float(loss), cpu
 
 
 def ddp_kwargs(a, sync_mode):
@@ -223,11 +232,11 @@ def run_train(s, a, rank, world):
     torch.manual_seed(a.seed * 1000 + 500 + rank)  # dropout
     net = model if a.side == "plain" else DDP(model, **ddp_kwargs(a, False))
     opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=a.momentum)
-    elapsed, steps, loss = train_loop(net, opt, batches, a, a.side == "ddp")
+    elapsed, steps, loss, cpu = train_loop(net, opt, batches, a, a.side == "ddp" or world > 1)
     if a.side == "ddp":
         out["torch_ddp_stats"] = ddp_stats(net)
     out.update(elapsed_s=elapsed, samples_per_s=world * s["batch"] * a.steps / elapsed,
-               step_s=summarize(steps), final_loss=loss)
+               step_s=summarize(steps), final_loss=loss, cpu_s_per_step=cpu / a.steps)
     return out
 
 
@@ -309,9 +318,9 @@ def parse_args(argv):
 def main(argv):
     a = parse_args(argv)
     torch.set_num_threads(a.threads)
-    distributed = a.side == "ddp" or a.mode != "train"
-    if a.side == "plain" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise SystemExit("--side plain is the single-process floor: run it with world size 1")
+    # plain at W > 1: independent loops; the group serves only the barriers.
+    distributed = (a.side == "ddp" or a.mode != "train"
+                   or int(os.environ.get("WORLD_SIZE", "1")) > 1)
     if distributed:
         if a.device == "cuda":
             torch.cuda.set_device(device_of(a))

@@ -52,6 +52,10 @@ def _train_summary(runs, world):
         "buffer_broadcast_s")}
     s["step_s"] = {lab: _median([r["step_s"]["median"] for r in runs if r["label"] == lab])
                    for lab in s["samples_per_s"]}
+    s["cpu_s_per_step"] = {lab: _median([r.get("cpu_s_per_step") for r in runs
+                                         if r["label"] == lab]) for lab in s["samples_per_s"]}
+    cpu = _pairs(runs, "python", "ddp", lambda r: r.get("cpu_s_per_step") or float("nan"))
+    s["cpu_python_over_ddp"] = {"median": _median(cpu), "pairs": cpu}
     if ddp:
         s["buckets"] = ddp[-1].get("ddp_stats", {}).get("bucket_bytes")
     loss0 = {lab: _median([r["eval_loss0"] for r in runs if r["label"] == lab])
@@ -144,6 +148,14 @@ def tables(doc):
             lines.append(f"| {w} | {world} | {_f(sp.get('ddp'))} | {_f(sp.get('python'))} | "
                          f"{_f(sp.get('plain'))} | **{_f(r.get('median'), '{:.3f}')}×** | {pairs} | "
                          f"{_f(e.get('ceiling_vs_python', {}).get('median'), '{:.3f}')}× |")
+    lines += ["", "### CPU time per step of rank 0, all its threads (ms; less sensitive to other load)", "",
+              "| workload | W | ddp | Python DDP | plain | Python / ddp (pairwise median) |",
+              "|---|---|---|---|---|---|"]
+    for w, world, e in _rows(s, main_worlds | set(doc["oversubscribed"])):
+        c = e.get("cpu_s_per_step", {})
+        lines.append(f"| {w} | {world} | {_ms(c.get('ddp'))} | {_ms(c.get('python'))} | "
+                     f"{_ms(c.get('plain'))} | "
+                     f"{_f(e.get('cpu_python_over_ddp', {}).get('median'), '{:.3f}')}× |")
     lines += ["", "### DDP overhead at W=1 (1 − DDP/plain samples/s, pairwise median)", "",
               "| workload | ddp | Python DDP |", "|---|---|---|"]
     for w, world, e in _rows(s, {1}):
