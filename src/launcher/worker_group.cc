@@ -1,6 +1,8 @@
 #include "launcher/worker_group.h"
 
 #include <fmt/format.h>
+
+#include <cstdlib>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -93,6 +95,11 @@ void GroupRun::start_one(int local_rank, bool prefix) {
   cmd.path = spec_.program_path;
   cmd.argv = worker_arguments(o_, local_rank);
   cmd.env = worker_environment(o_, local_rank, spec_.attempt, error_file, environ);
+  if (prefix && !std::getenv("DDP_LOG_RANK_PREFIX")) {
+    // ddprun prefixes every console line with the rank: ddp's logging
+    // (logging.h) leaves its own "[rankN]: " out.
+    cmd.env.push_back("DDP_LOG_RANK_PREFIX=0");
+  }
   cmd.stdin_null = isatty(STDIN_FILENO) != 0;  // workers are not in the
                                                // terminal's foreground group
   SpawnedWorker sp = spawn_worker(cmd);
