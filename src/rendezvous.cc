@@ -317,6 +317,13 @@ c10::intrusive_ptr<c10d::Store> env_store(const InitOptions& o, Rendezvous& r,
   }
   r.address = fmt::format("{}:{}", env.master_addr, env.master_port);
   r.gloo_address = gloo_address_for(o.gloo_address, env.master_addr);
+  const char* file = std::getenv("DDP_RENDEZVOUS_FILE");
+  if (file && *file && !env.use_agent_store) {
+    // ddprun --standalone: a file in its private run directory, so nothing
+    // listens on the network (Gloo binds 127.0.0.1 for a loopback master).
+    r.address = file;
+    return c10::make_intrusive<c10d::FileStore>(file, r.size);
+  }
   hosts_store = r.rank == 0 && !env.use_agent_store;
   r.tcp_host = env.master_addr;
   r.tcp_port = env.master_port;
@@ -431,7 +438,7 @@ Rendezvous rendezvous(const InitOptions& o) {
   base->setTimeout(o.timeout);
   const std::string prefix = group_prefix(o, r.rank, true);
   r.store = c10::make_intrusive<c10d::PrefixStore>(prefix, base);
-  const bool tcp = m.rfind("file://", 0) != 0 && m.rfind("memory://", 0) != 0;
+  const bool tcp = r.tcp_port != 0;
   check_arrivals(Arrival{*r.store, r.rank, r.size, r.address, o.timeout, hosts_store, tcp});
   r.publish_store = tcp ? publish_store(r, prefix) : r.store;
   return r;

@@ -41,7 +41,11 @@ struct InitOptions {
   std::string backend = "gloo";
   // Where ranks meet:
   //   "env://"            MASTER_ADDR/MASTER_PORT and the rank variables of
-  //                       env.h (torchrun, SLURM, Open MPI);
+  //                       env.h (torchrun, SLURM, Open MPI); rank 0 hosts a
+  //                       TCP store there. When DDP_RENDEZVOUS_FILE is set
+  //                       (ddprun --standalone sets it), the ranks meet in
+  //                       that file instead and nothing listens on the
+  //                       network;
   //   "tcp://host:port"   rank 0 hosts the store on port; rank and
   //                       world_size below must be set;
   //   "file:///abs/path"  a file on a shared file system; rank and world_size

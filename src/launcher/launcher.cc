@@ -101,6 +101,7 @@ int single_node(const Job& job) {
   const LaunchOptions& o = job.o;
   for (int k = 0;; ++k) {
     AttemptInfo a{k, o.master_addr, o.standalone ? pick_free_port() : o.master_port};
+    if (o.standalone) a.store_file = job.dir.attempt_dir(k) + "/rendezvous.store";
     if (!o.standalone) check_master_port(a.master_port);
     GroupResult g = run_worker_group(job.spec(a), job.signals);
     if (g.outcome == GroupOutcome::kSucceeded) return kExitSuccess;

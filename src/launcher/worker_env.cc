@@ -52,6 +52,11 @@ std::vector<std::string> worker_environment(const LaunchOptions& options,
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = options.run_id;
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
+  if (attempt.store_file.empty()) {
+    env.erase("DDP_RENDEZVOUS_FILE");  // inherited from an outer launcher
+  } else {
+    env["DDP_RENDEZVOUS_FILE"] = attempt.store_file;
+  }
   // Rank 0 hosts the store itself; an inherited value (ddprun under
   // torchrun) would send the workers looking for an agent store.
   env.erase("TORCHELASTIC_USE_AGENT_STORE");

@@ -18,6 +18,10 @@ struct AttemptInfo {
   int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT, 0 for the first
   std::string master_addr;
   int master_port = 0;
+  // --standalone: a file in the launcher's private (0700) run directory
+  // where ddp programs rendezvous instead of a TCP store, so that nothing
+  // listens on the network (DDP_RENDEZVOUS_FILE). Empty otherwise.
+  std::string store_file;
 };
 
 // The complete environment ("KEY=VALUE") of local rank `local_rank`: the

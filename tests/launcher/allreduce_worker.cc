@@ -2,16 +2,67 @@
 // environment (ddp::init_process_group, env://), then for each step
 // all_reduces ones*(rank+1) and checks the sum, printing
 // "rank R world W step S sum X". Arguments: steps, seconds per step,
-// timeout of each all_reduce in ms.
+// timeout of each all_reduce in ms. With ALLREDUCE_WORKER_PRINT_LISTENING=1
+// it also prints, once joined, every TCP socket this process listens on
+// ("listening loopback|NOT-LOOPBACK <hex address>").
 #include <ATen/ops/ones.h>
+#include <dirent.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include "ddp/collectives.h"
 #include "ddp/process_group.h"
+
+namespace {
+
+// Inodes of the sockets among this process's open files.
+std::set<std::string> own_socket_inodes() {
+  std::set<std::string> inodes;
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return inodes;
+  while (dirent* e = readdir(dir)) {
+    char target[256];
+    std::string path = std::string("/proc/self/fd/") + e->d_name;
+    ssize_t n = readlink(path.c_str(), target, sizeof target - 1);
+    if (n <= 0) continue;
+    std::string t(target, static_cast<size_t>(n));
+    if (t.rfind("socket:[", 0) == 0) inodes.insert(t.substr(8, t.size() - 9));
+  }
+  closedir(dir);
+  return inodes;
+}
+
+// /proc/net/tcp{,6}: local address in hex, state 0A = LISTEN, inode column 10.
+void print_listening() {
+  const std::set<std::string> own = own_socket_inodes();
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
+      f >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (state != "0A" || !own.count(inode)) continue;
+      const std::string addr = local.substr(0, local.find(':'));
+      const bool loopback = addr == "0100007F" ||
+                            addr == "00000000000000000000000001000000" ||
+                            addr == "0000000000000000FFFF00000100007F";
+      std::printf("listening %s %s\n", loopback ? "loopback" : "NOT-LOOPBACK", local.c_str());
+    }
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 3;
@@ -23,6 +74,8 @@ int main(int argc, char** argv) {
     ddp::InitOptions options;
     options.timeout = std::chrono::minutes(2);
     ddp::init_process_group(options);
+    const char* print = std::getenv("ALLREDUCE_WORKER_PRINT_LISTENING");
+    if (print && std::string(print) == "1") print_listening();
     ddp::CollectiveOptions collective;
     collective.timeout = std::chrono::milliseconds(timeout_ms);
     const int rank = ddp::get_rank();

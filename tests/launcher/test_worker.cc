@@ -65,7 +65,8 @@ void print_env() {
                          "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
                          "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
                          "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
-                         "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS"};
+                         "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS",
+                         "DDP_RENDEZVOUS_FILE"};
   std::string out;
   for (const char* n : names) {
     const char* v = std::getenv(n);
