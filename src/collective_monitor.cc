@@ -81,10 +81,14 @@ void CollectiveMonitor::publish_loop() {
   uint64_t published = ~uint64_t{0};
   int64_t step_published = -2;
   auto last = std::chrono::steady_clock::now();
+  // The first record goes out at once: a rank stopped early must still be
+  // reported as "has not reached it" with its step, not as silent.
+  bool first = true;
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, options_.publish_every, [&] { return stop_; });
+      if (!first) cv_.wait_for(lock, options_.publish_every, [&] { return stop_; });
+      first = false;
       if (stop_) return;
     }
     auto now = std::chrono::steady_clock::now();
@@ -111,7 +115,8 @@ std::string CollectiveMonitor::stall_report(uint64_t seq) {
       if (k == rank_) continue;
       const std::string key = fmt::format("progress/{}", k);
       if (!publish_store_->check({key})) {
-        lines.push_back(fmt::format("rank {} has published no progress yet", k));
+        lines.push_back(fmt::format(
+            "rank {} has published no progress yet (still starting, or stopped, hung or dead)", k));
         continue;
       }
       Record r = parse_record(as_string(publish_store_->get(key)));
