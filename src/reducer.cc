@@ -185,11 +185,11 @@ void Reducer::launch_ready_buckets() {
 void Reducer::launch(size_t k) {
   Bucket& b = buckets_[k];
   at::NoGradGuard no_grad;
+  if (local_only()) return;  // world size 1: nothing to launch, no communication
   if (!timing_->launched) {
     timing_->launched = true;
     timing_->first_launch = Timing::Clock::now();
   }
-  if (local_only()) return;
   if (options_.gradient_as_bucket_view) b.grads.mul_(b.scale);
   b.flags.copy_(at::from_blob(b.produced.data(),
                               {static_cast<int64_t>(b.produced.size())}, at::kFloat));
@@ -241,8 +241,10 @@ void Reducer::finalize_backward() {
   if (iterations_ > 0) {  // the first iteration includes set-up
     ++t.samples;
     t.backward_compute += since(t.backward_start, compute_end);
-    t.backward_comm += since(t.first_launch, end);
-    t.exposed_comm += since(compute_end, end);
+    if (!local_only()) {  // at world size 1 both stay 0: nothing is communicated
+      t.backward_comm += since(t.first_launch, end);
+      t.exposed_comm += since(compute_end, end);
+    }
   }
   ++iterations_;
   check_unused(counts);

@@ -208,7 +208,21 @@ TEST(DdpStatsTest, BucketsRebuildOnceAndStatsAreFilled) {
     EXPECT_GT(s.bucket_params.size(), 2u);
     EXPECT_GT(s.forward_s, 0.0);
     EXPECT_GT(s.backward_compute_s, 0.0);
+    EXPECT_GT(s.backward_comm_s, 0.0);
     EXPECT_TRUE(contains(to_string(s), "6 params in")) << to_string(s);
+  });
+}
+
+TEST(DdpStatsTest, WorldSizeOneReportsNoCommunication) {
+  run_ranks(1, [](int) {
+    Mlp net;
+    DistributedDataParallel<Mlp> model(net);
+    for (int i = 0; i < 3; ++i) model(torch::randn({4, 8})).sum().backward();
+    DdpStats s = model.stats();
+    EXPECT_EQ(s.iterations, 3);
+    EXPECT_GT(s.backward_compute_s, 0.0);
+    EXPECT_EQ(s.backward_comm_s, 0.0);
+    EXPECT_EQ(s.exposed_comm_s, 0.0);
   });
 }
 

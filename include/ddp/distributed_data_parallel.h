@@ -100,6 +100,7 @@ struct DdpStats {
   double forward_s = 0;                 // forward wall time
   double backward_compute_s = 0;        // end of forward -> last grad ready
   double backward_comm_s = 0;           // first bucket launch -> all done
+                                        // (0 at world size 1: nothing is sent)
   double exposed_comm_s = 0;            // waiting for buckets after the last
                                         // gradient (communication not hidden)
   double buffer_broadcast_s = 0;        // broadcast_buffers per forward
