@@ -76,7 +76,8 @@ for ((i = 1; i <= kills; i++)); do
     echo "kill_stress: attempt $i failed before the kill:"; tail -n 20 "$work/run.log"; exit 1
   fi
   ckpts=("$work/run/checkpoints/"*.ddpckpt)  # sorted by the glob; zero-padded names
-  latest=${ckpts[${#ckpts[@]}-1]:-none}
+  latest=none
+  ((${#ckpts[@]} == 0)) || latest=${ckpts[${#ckpts[@]} - 1]}
   echo "kill_stress: kill $i/$kills; latest checkpoint: ${latest##*/}"
 done
 echo "kill_stress: final resume to the end"
