@@ -23,18 +23,6 @@ std::optional<long> parse_long(const std::string& s) {
   return v;
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  std::string::size_type start = 0;
-  while (true) {
-    auto pos = s.find(sep, start);
-    parts.push_back(s.substr(start, pos - start));
-    if (pos == std::string::npos) break;
-    start = pos + 1;
-  }
-  return parts;
-}
-
 int count_gpus() {
   if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
     std::string v(visible);
@@ -48,6 +36,18 @@ int count_gpus() {
 }
 
 }  // namespace
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::string::size_type start = 0;
+  while (true) {
+    auto pos = s.find(sep, start);
+    parts.push_back(s.substr(start, pos - start));
+    if (pos == std::string::npos) break;
+    start = pos + 1;
+  }
+  return parts;
+}
 
 int StdSpec::for_rank(int local_rank) const {
   if (!is_mapping) return all;

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace ddp::launcher {
 
@@ -24,6 +25,10 @@ struct StdSpec {
   int for_rank(int local_rank) const;  // the StdStreams of one local rank
   bool any() const;                    // whether any rank gets any stream
 };
+
+// Splits `s` at every `sep`, keeping empty fields ("a,,b" -> a, "", b;
+// "" -> one empty field), so that callers can name an empty item.
+std::vector<std::string> split(const std::string& s, char sep);
 
 // Parses a -r/-t value. Throws ddp::InvalidArgument naming `flag` when the
 // text is neither a digit 0..3 nor a list of local_rank:digit pairs.

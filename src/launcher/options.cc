@@ -32,18 +32,6 @@ std::optional<double> parse_double(const std::string& s) {
   return v;
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  std::string::size_type start = 0;
-  while (true) {
-    auto pos = s.find(sep, start);
-    parts.push_back(s.substr(start, pos - start));
-    if (pos == std::string::npos) break;
-    start = pos + 1;
-  }
-  return parts;
-}
-
 
 // The flags' raw text, checked and converted by finish_options().
 struct RawFlags {
