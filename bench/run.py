@@ -14,7 +14,9 @@ time other processes took while it ran ("foreign" cores).
 
 --smoke: tiny sizes, W=1 and 2, one repeat; checks only that the harness runs
 (the CTest entry bench_smoke). Needs only the driver's own Python; the Python
-DDP side needs --python (default /usr/bin/python3) with torch.
+DDP side needs --python with torch, by default the build's oracle (CMake's
+DDP_PYTHON: the venv's torch 2.13 for build/, Debian's python3-torch 1.13 for
+build-debian/), so both sides run the very same libtorch binary.
 """
 import argparse
 import datetime
@@ -55,7 +57,8 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=-1, help="warm-up steps (-1: per workload)")
     p.add_argument("--sync-iters", type=int, default=30, help="iterations of sync/all_reduce")
     p.add_argument("--no-sync", action="store_true", help="skip the gradient-sync figures")
-    p.add_argument("--python", default="/usr/bin/python3", help="interpreter with torch")
+    p.add_argument("--python", default="",
+                   help="interpreter with torch (default: the build's DDP_PYTHON)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="cuda: rank r uses cuda:r (bench/gpu/run.sh)")
     p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
@@ -66,11 +69,28 @@ def parse_args(argv):
     p.add_argument("--timeout", type=float, default=900, help="seconds per launch")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, quick (CTest)")
     a = p.parse_args(argv)
+    cache = cmake_cache(a.build_dir)
+    a.python = a.python or cache.get("DDP_PYTHON") or "/usr/bin/python3"
+    a.torch_dir = cache.get("Torch_DIR", "")
     if a.smoke:
         a.name, a.worlds, a.oversubscribed, a.repeats = "smoke", "1,2", "", 1
         a.workloads = "mlp,transformer"  # every code path; the CNN only in full runs
         a.steps, a.warmup, a.sync_iters, a.markdown, a.timeout = 2, 1, 2, "", 120
     return a
+
+
+def cmake_cache(build_dir):
+    """The build's CMakeCache.txt entries (NAME -> value), {} without one."""
+    entries = {}
+    try:
+        with open(Path(build_dir) / "CMakeCache.txt") as f:
+            for line in f:
+                if ":" in line and "=" in line and not line.startswith(("#", "//")):
+                    key, _, value = line.partition("=")
+                    entries[key.split(":")[0]] = value.strip()
+    except OSError:
+        pass
+    return entries
 
 
 def cpu_times():
@@ -237,8 +257,15 @@ def machine_info(a):
     return {
         "cpu": model, "cores": os.cpu_count(), "kernel": platform.release(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "blas": f"{blas} (" + sh("dpkg-query -W -f='${Version}' libopenblas0-pthread") + ")",
-        "libtorch": sh("dpkg-query -W -f='${Version}' libtorch1.13"),
+        # BLAS_INFO=mkl: the wheel's MKL, linked into libtorch_cpu; generic:
+        # Debian's libblas.so.3, whichever the alternatives system selects.
+        "blas": sh(f"{a.python} -c 'import re, torch; "
+                   "print(re.search(\"BLAS_INFO=([^,]*)\", torch.__config__.show()).group(1))'")
+                + f" (libblas.so.3 -> {blas})",
+        # Both sides link one libtorch: the build's (Torch_DIR), which is the
+        # oracle Python's own torch (checked at configure time).
+        "libtorch": sh(f"{a.python} -c 'import torch; print(torch.__version__, "
+                       "torch.__file__)'") + f" (Torch_DIR {a.torch_dir})",
         "python_torch": sh(f"{a.python} -c 'import torch; print(torch.__version__)'"),
         "compiler": sh("c++ --version | head -1"),
         "git": sh(f"git -C {REPO} rev-parse --short HEAD") +

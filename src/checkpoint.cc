@@ -5,7 +5,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/core/grad_mode.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -13,6 +12,7 @@
 #include "checkpoint_format.h"
 #include "ddp/collectives.h"
 #include "ddp/error.h"
+#include "torch_save.h"
 
 namespace ddp {
 namespace detail {
@@ -139,9 +139,7 @@ void write_checkpoint(const std::string& dir, Checkpoint ckpt,
   detail::remove_stale_temporaries(dir);
   const std::string stem = detail::checkpoint_stem(ckpt.epoch, ckpt.step);
   if (options.write_torch_model) {
-    c10::Dict<std::string, at::Tensor> dict;
-    for (const auto& item : ckpt.model) dict.insert(item.key(), item.value());
-    std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(dict));
+    std::vector<char> bytes = detail::torch_save_bytes(ckpt.model);
     detail::write_file_atomically(dir, stem + detail::kModelSuffix,
                                   bytes.data(), bytes.size());
   }

@@ -1,7 +1,6 @@
 // Optimizer state in checkpoints: the built-in optimizers field by field (so
 // that reading never goes through libtorch's archive parser), any other
 // optimizer through its own save()/load() archive.
-#include <c10/util/Type.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -14,6 +13,7 @@
 #include <typeinfo>
 
 #include "checkpoint_format.h"
+#include "compat/autograd_compat.h"
 #include "ddp/error.h"
 
 namespace ddp {
@@ -191,8 +191,8 @@ std::optional<double> lr_of(const optim::OptimizerParamGroup& group) {
   }
 }
 
-std::string key_of(const at::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
+compat::OptimizerStateKey key_of(const at::Tensor& p) {
+  return compat::optimizer_state_key(p);
 }
 
 }  // namespace
@@ -308,7 +308,7 @@ void restore_optimizer(const OptimizerSnapshot& s, optim::Optimizer& optimizer,
   for (size_t g = 0; g < groups.size(); ++g) {
     groups[g].set_options(std::move(options[g]));
     for (size_t i = 0; i < groups[g].params().size(); ++i) {
-      const std::string key = key_of(groups[g].params()[i]);
+      const auto key = key_of(groups[g].params()[i]);
       if (states[g][i]) {
         optimizer.state()[key] = std::move(states[g][i]);
       } else {

@@ -82,6 +82,7 @@ std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout;
 const std::string& ProcessGroup::address() const { return impl_->address; }
 
 ProcessGroupPtr new_process_group(const InitOptions& options) {
+  install_error_file_handler();  // an exception escaping main() reaches the launcher
   if (options.backend != "gloo" && options.backend != "nccl") {
     throw InvalidArgument(fmt::format(
         "unknown backend '{}': expected 'gloo' or 'nccl'", options.backend));
@@ -117,10 +118,11 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
         r.rank, r.size, options.backend, r.address, r.gloo_address,
         compat::what_without_backtrace(e)));
   }
+  const detail::MonitorOptions monitoring = monitor_options(options);
+  impl->debug = monitoring.debug;
   if (r.size > 1) {
     impl->monitor = std::make_unique<detail::CollectiveMonitor>(
-        r.store, r.publish_store, r.rank, r.size,
-        monitor_options(options));
+        r.store, r.publish_store, r.rank, r.size, monitoring);
   }
   return std::make_shared<ProcessGroup>(std::move(impl));
 }

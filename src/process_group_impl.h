@@ -29,6 +29,10 @@ struct ProcessGroupImpl {
   std::atomic<uint64_t> next_seq{0};
   // Stall inspector and debug-mode check (null for a group of one).
   std::unique_ptr<CollectiveMonitor> monitor;
+  // Debug mode (InitOptions::debug_collectives, DDP_DEBUG=1,
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL), also for a group of one: the checks
+  // of DistributedDataParallel's usage rules that cost time.
+  bool debug = false;
   // A collective failed (timed out, or a peer vanished): the backend's
   // threads may still be blocked on a dead or unreachable peer, so the
   // backend is never destroyed (see ~ProcessGroup).

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "compat/autograd_compat.h"
 #include "ddp/collectives.h"
 #include "reducer.h"
 
@@ -18,7 +19,7 @@ namespace ddp::detail {
 struct Reducer::Param {
   std::string name;   // full name, e.g. "head.aux.weight"
   at::Tensor tensor;  // the parameter (a leaf requiring grad)
-  std::shared_ptr<torch::autograd::Node> grad_accumulator;
+  compat::NodePtr grad_accumulator;
   uintptr_t hook_key = 0;
   size_t bucket = 0;  // index into buckets_
   size_t slot = 0;    // position within the bucket

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -25,6 +27,10 @@ namespace ddp::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The least time a TCP store connection is given, however little of the
+// rendezvous timeout is left.
+constexpr std::chrono::milliseconds kMinConnect{300};
 
 double seconds(std::chrono::milliseconds d) { return d.count() / 1000.0; }
 
@@ -62,6 +68,32 @@ std::string inner_message(const std::exception& e) {
   return msg;
 }
 
+// Whether something accepts a TCP connection at host:port within a moment:
+// tells "no store is there yet" from "a program there never answers".
+bool accepts_connections(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return false;
+  bool accepted = false;
+  for (addrinfo* a = found; a != nullptr && !accepted; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      accepted = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof(err);
+      accepted = ::poll(&p, 1, 500) == 1 &&
+                 ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    ::close(fd);
+  }
+  freeaddrinfo(found);
+  return accepted;
+}
+
 c10::intrusive_ptr<c10d::Store> tcp_store(const std::string& host, int port,
                                           bool is_server,
                                           std::chrono::milliseconds timeout,
@@ -74,7 +106,25 @@ c10::intrusive_ptr<c10d::Store> tcp_store(const std::string& host, int port,
   const auto deadline = Clock::now() + timeout;
   while (true) {
     try {
-      return c10::make_intrusive<c10d::TCPStore>(host, o);
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - Clock::now());
+      if (auto store = compat::connect_tcp_store(host, o, std::max(left, kMinConnect))) {
+        return store;
+      }
+      if (accepts_connections(host, port)) {
+        throw TimeoutError(fmt::format(
+            "rank {}: no rendezvous store answered at {}:{} within {} s. Is "
+            "that rank 0's store, and not another program's port? Check "
+            "MASTER_ADDR/MASTER_PORT",
+            rank, host, port, seconds(timeout)));
+      }
+      throw TimeoutError(fmt::format(
+          "rank {} could not reach the rendezvous store at {}:{} within {} s: "
+          "nothing accepts connections there. Is rank 0 running, and are "
+          "MASTER_ADDR/MASTER_PORT right?",
+          rank, host, port, seconds(timeout)));
+    } catch (const Error&) {
+      throw;
     } catch (const std::exception& e) {
       if (is_server) {
         throw CommError(fmt::format(
@@ -273,8 +323,9 @@ void claim_rank0_on_busy_port(const std::string& host, int port,
     o.isServer = false;
     o.waitWorkers = false;
     o.timeout = std::min(timeout, std::chrono::milliseconds(2000));
-    store = c10::make_intrusive<c10d::PrefixStore>(
-        prefix, c10::make_intrusive<c10d::TCPStore>(host, o));
+    auto base = compat::connect_tcp_store(host, o, o.timeout);
+    if (!base) return;  // accepts but never answers: not a store
+    store = c10::make_intrusive<c10d::PrefixStore>(prefix, base);
     // wait() bounds the wait for the reply (and later reads on the socket)
     // by its timeout; check() would block forever on a port whose owner
     // accepts but never answers.
@@ -376,7 +427,8 @@ c10::intrusive_ptr<c10d::Store> publish_store(const Rendezvous& r, const std::st
     po.isServer = false;
     po.waitWorkers = false;
     po.timeout = kPublishTimeout;
-    c10::intrusive_ptr<c10d::Store> s = c10::make_intrusive<c10d::TCPStore>(r.tcp_host, po);
+    c10::intrusive_ptr<c10d::Store> s = compat::connect_tcp_store(r.tcp_host, po, kPublishTimeout);
+    if (!s) return {};
     if (!r.tcp_prefix.empty()) s = c10::make_intrusive<c10d::PrefixStore>(r.tcp_prefix, s);
     s = c10::make_intrusive<c10d::PrefixStore>(prefix, s);
     s->wait({}, kPublishTimeout);

@@ -33,6 +33,7 @@
 #include <random>
 
 #include "ddp/error.h"
+#include "support/oracle.h"
 #include "support/thread_world.h"
 
 namespace ddp {
@@ -531,17 +532,14 @@ for k, v in sd.items():
     vals = ",".join(float(x).hex() for x in v.double().flatten().tolist())
     print(k, str(v.dtype), list(v.shape), vals, sep="|")
 )");
-  std::string cmd = "/usr/bin/python3 " + script + " " + model_pt + " 2>&1";
+  if (!ddp::testing::oracle_configured()) GTEST_SKIP() << ddp::testing::kNoOracle;
+  std::string cmd = ddp::testing::oracle_python() + " " + script + " " + model_pt + " 2>&1";
   FILE* pipe = ::popen(cmd.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string out;
   char buf[4096];
   while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
   int status = ::pclose(pipe);
-  if (out.find("No module named 'torch'") != std::string::npos ||
-      out.find("No such file or directory") != std::string::npos) {
-    GTEST_SKIP() << "/usr/bin/python3 with torch (python3-torch) is missing: " << out;
-  }
   ASSERT_EQ(status, 0) << out;
 
   auto expected = net->named_parameters();

@@ -1,6 +1,6 @@
 // DistributedSampler against PyTorch: golden index lists from
 // torch.utils.data.DistributedSampler (tests/golden/distributed_sampler.json,
-// regenerated here with /usr/bin/python3 when it has torch), randperm with a
+// regenerated here with the oracle Python, support/oracle.h), randperm with a
 // seeded generator, set_epoch through a real libtorch data loader, coverage
 // of the dataset over ranks, save/load, and the error messages.
 #include "ddp/distributed_sampler.h"
@@ -25,6 +25,7 @@
 #include <sstream>
 
 #include "ddp/error.h"
+#include "support/oracle.h"
 #include "support/thread_world.h"
 
 namespace ddp {
@@ -161,22 +162,18 @@ TEST(DistributedSamplerGolden, RandpermWithSeededGeneratorMatchesPython) {
   }
 }
 
-bool python_with_torch() {
-  return access("/usr/bin/python3", X_OK) == 0 &&
-         std::system("timeout 120 /usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-}
+bool python_with_torch() { return ddp::testing::oracle_configured(); }
 
 TEST(DistributedSamplerGolden, RegeneratedByPythonMatchesStoredFile) {
   if (!python_with_torch()) {
-    GTEST_SKIP() << "/usr/bin/python3 with torch (Debian's python3-torch) not "
-                    "found: comparing with the stored golden file only";
+    GTEST_SKIP() << ddp::testing::kNoOracle << " (compared with the stored golden file only)";
   }
   const auto dir = std::filesystem::temp_directory_path() /
                    ("ddp_sampler_golden_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   const std::string out = (dir / "golden.json").string();
   const std::string cmd =
-      "timeout 300 /usr/bin/python3 " + kScript + " --out " + out;
+      "timeout 300 " + ddp::testing::oracle_python() + " " + kScript + " --out " + out;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const json fresh = read_json(out);
   std::filesystem::remove_all(dir);

@@ -26,8 +26,11 @@ class Error : public std::runtime_error {
 };
 
 // Bad input from the user: a flag, an environment variable, an option, a file
-// that is missing or corrupt. Raised before any collective is started where
-// possible, on the rank that saw the bad input.
+// that is missing or corrupt; or a usage rule broken (a parameter that got no
+// gradient without find_unused_parameters, a backward that did not come from
+// DistributedDataParallel's forward, a model changed after wrapping). Raised
+// before any collective is started where possible, on the rank that saw the
+// bad input; the unused-parameter error identically on every rank.
 class InvalidArgument : public Error {
  public:
   using Error::Error;
@@ -43,9 +46,9 @@ class TimeoutError : public Error {
 };
 
 // The ranks disagree: different models (parameter count, name, shape, dtype),
-// different collectives in the same step, a parameter that got no gradient
-// on some ranks. Raised on every rank involved, each naming the first
-// difference and the ranks' values.
+// different collectives in the same step (debug mode, or tensors of
+// different sizes), different metrics. Raised on every rank involved, each
+// naming the first difference and the ranks' values.
 class MismatchError : public Error {
  public:
   using Error::Error;
@@ -57,5 +60,29 @@ class CommError : public Error {
  public:
   using Error::Error;
 };
+
+// --- Telling the launcher why a rank failed --------------------------------
+//
+// torchrun and ddprun give each worker a file path in TORCHELASTIC_ERROR_FILE
+// and show what the worker wrote there in their failure summary (the root
+// cause; torchrun picks the earliest timestamp). record_error writes
+//   {"message": {"message": "<exception type>: <what()>",
+//                "extraInfo": {"py_callstack": "<the same>", "timestamp": "<unix s>"}}}
+// as PyTorch's @record does for Python programs. It replaces the file
+// atomically, returns true when written and false when the variable is
+// unset or the file cannot be written; it never throws.
+//
+// Programs need not call it: init_process_group() installs a
+// std::terminate handler that records an exception escaping main(), then
+// hands over to the previous handler (which aborts). Call it yourself where
+// you catch an error and exit with a status instead.
+bool record_error(const std::exception& e) noexcept;
+
+// The same with a message of your own (no exception type prepended).
+bool record_error_message(const std::string& message) noexcept;
+
+// Installs the std::terminate handler described above; idempotent and
+// thread-safe. init_process_group() calls it.
+void install_error_file_handler() noexcept;
 
 }  // namespace ddp

@@ -1,13 +1,16 @@
 #include "compat/torch_compat.h"
 
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #ifdef DDP_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
 #include "ddp/error.h"
+
+#include <future>
+#include <memory>
+#include <thread>
 
 namespace ddp::compat {
 
@@ -29,25 +32,6 @@ bool nccl_compiled() {
 #endif
 }
 
-c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
-                                      int rank, int size,
-                                      const std::string& address, int threads,
-                                      std::chrono::milliseconds timeout) {
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  if (address.rfind("if:", 0) == 0) {
-    options->devices.push_back(
-        c10d::ProcessGroupGloo::createDeviceForInterface(address.substr(3)));
-  } else if (address.empty()) {
-    // As PyTorch: the host name's address, else the loopback interface.
-    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-  } else {
-    options->devices.push_back(
-        c10d::ProcessGroupGloo::createDeviceForHostname(address));
-  }
-  options->threads = threads;
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
-}
-
 c10::intrusive_ptr<Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
                                       int rank, int size,
                                       std::chrono::milliseconds timeout) {
@@ -62,6 +46,23 @@ c10::intrusive_ptr<Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& sto
       ") was built without CUDA/NCCL support. Use backend 'gloo', or build "
       "ddp against a CUDA libtorch (cmake -DDDP_WITH_NCCL=ON).");
 #endif
+}
+
+c10::intrusive_ptr<c10d::Store> connect_tcp_store(const std::string& host,
+                                                  const c10d::TCPStoreOptions& options,
+                                                  std::chrono::milliseconds limit) {
+  using Result = c10::intrusive_ptr<c10d::Store>;
+  auto promise = std::make_shared<std::promise<Result>>();
+  std::future<Result> result = promise->get_future();
+  std::thread([promise, host, options] {
+    try {
+      promise->set_value(c10::make_intrusive<c10d::TCPStore>(host, options));
+    } catch (...) {
+      promise->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (result.wait_for(limit) != std::future_status::ready) return {};
+  return result.get();
 }
 
 std::string what_without_backtrace(const std::exception& e) {

@@ -13,6 +13,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/version.h>
 
@@ -52,6 +53,18 @@ c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& sto
 c10::intrusive_ptr<Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
                                       int rank, int size,
                                       std::chrono::milliseconds timeout);
+
+// A c10d::TCPStore (client or server, as `options` say) on host:options.port,
+// or null when its constructor has not returned within `limit`. c10d 2.x's
+// client constructor pings the server with an unbounded read, so a port
+// whose owner accepts connections but never answers (another program, a
+// stopped store host) would block it forever; 1.13's returns once
+// connected. The constructor runs on a helper thread, which is left to
+// finish or block on its own when the limit passes (its store is then
+// destroyed with it). Exceptions of the constructor are rethrown.
+c10::intrusive_ptr<c10d::Store> connect_tcp_store(const std::string& host,
+                                                  const c10d::TCPStoreOptions& options,
+                                                  std::chrono::milliseconds limit);
 
 // The text of an exception thrown by libtorch, without c10's backtrace.
 std::string what_without_backtrace(const std::exception& e);

@@ -55,7 +55,10 @@ std::string read_error_message(const std::string& path) {
     std::string text = m.value("message", std::string());
     if (m.contains("extraInfo") && m["extraInfo"].contains("py_callstack")) {
       const auto& stack = m["extraInfo"]["py_callstack"];
-      if (stack.is_string()) text += "\n" + stack.get<std::string>();
+      // ddp programs repeat the message there (torchrun shows only this).
+      if (stack.is_string() && stack.get<std::string>() != text) {
+        text += "\n" + stack.get<std::string>();
+      }
     }
     return text;
   } catch (const std::exception& e) {

@@ -1,5 +1,7 @@
 #include "test_files.h"
 
+#include "support/oracle.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <zlib.h>
@@ -62,9 +64,9 @@ std::string run_python(const std::string& script) {
   TempDir dir;
   const std::string file = dir.file("oracle.py");
   write_file(file, script);
-  std::FILE* p = popen(("timeout 120 /usr/bin/python3 " + file).c_str(), "r");
+  std::FILE* p = popen(("timeout 120 " + ddp::testing::oracle_python() + " " + file).c_str(), "r");
   if (p == nullptr) {
-    ADD_FAILURE() << "cannot start /usr/bin/python3";
+    ADD_FAILURE() << "cannot start " << ddp::testing::oracle_python();
     return "";
   }
   std::string out;
@@ -73,7 +75,7 @@ std::string run_python(const std::string& script) {
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   int status = pclose(p);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    ADD_FAILURE() << "/usr/bin/python3 failed (status " << status << ") on:\n" << script;
+    ADD_FAILURE() << ddp::testing::oracle_python() << " failed (status " << status << ") on:\n" << script;
     return "";
   }
   return out;

@@ -32,7 +32,7 @@ class TempDir {
   std::string path_;
 };
 
-// Runs `script` with /usr/bin/python3 (Debian's, the oracle) under a
+// Runs `script` with the oracle Python (support/oracle.h) under a
 // 120 s timeout and returns its stdout; fails the test (ADD_FAILURE) and
 // returns "" if it exits non-zero.
 std::string run_python(const std::string& script);

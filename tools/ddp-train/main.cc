@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
     return ddp::train::run(ddp::train::parse_args(argc, argv));
   } catch (const std::exception& e) {
     ddp::log(ddp::LogLevel::kError, std::string("ddp-train failed: ") + e.what());
+    ddp::record_error(e);  // the launcher's failure summary (TORCHELASTIC_ERROR_FILE)
     return 1;
   }
 }
