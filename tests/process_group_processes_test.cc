@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "process_group_test_util.h"
+#include "support/oracle.h"
 
 namespace ddp {
 namespace {
@@ -248,15 +251,13 @@ TEST(ProcessGroupProcesses, BadEnvironmentIsNamed) {
   }
 }
 
-// PyTorch's own launcher (Debian's python3-torch). Debian's torchrun 1.13
-// crashes at launch unless -r/-t are given, hence "-r 2 -t 2".
-bool python_torchrun_available() {
-  return std::system("/usr/bin/python3 -c 'import torch.distributed.run' >/dev/null 2>&1") == 0;
-}
+// PyTorch's own launcher, from the oracle's torch (2.13, or Debian's 1.13,
+// whose torchrun crashes at launch unless -r/-t are given: hence "-r 2 -t 2").
+bool python_torchrun_available() { return ddp::testing::oracle_configured(); }
 
 ChildResult run_torchrun(const std::vector<std::string>& rdzv_flags,
                          const std::vector<std::string>& program, const TempDir& dir) {
-  std::vector<std::string> argv = {"/usr/bin/python3", "-m", "torch.distributed.run",
+  std::vector<std::string> argv = {ddp::testing::oracle_python(), "-m", "torch.distributed.run",
                                    "--nproc_per_node", "2", "-r", "2", "-t", "2"};
   argv.insert(argv.end(), rdzv_flags.begin(), rdzv_flags.end());
   argv.push_back("--no_python");
@@ -267,7 +268,7 @@ ChildResult run_torchrun(const std::vector<std::string>& rdzv_flags,
 
 TEST(ProcessGroupProcesses, UnderPythonTorchrunWithItsAgentStore) {
   if (!python_torchrun_available()) {
-    GTEST_SKIP() << "/usr/bin/python3 has no torch (apt-get install python3-torch)";
+    GTEST_SKIP() << ddp::testing::kNoOracle;
   }
   TempDir dir;
   // The static rendezvous: the agent hosts the store on master_port.
@@ -285,7 +286,7 @@ TEST(ProcessGroupProcesses, UnderPythonTorchrunWithItsAgentStore) {
 
 TEST(ProcessGroupProcesses, DdpDemoUnderPythonTorchrunWithC10dRendezvous) {
   if (!python_torchrun_available()) {
-    GTEST_SKIP() << "/usr/bin/python3 has no torch (apt-get install python3-torch)";
+    GTEST_SKIP() << ddp::testing::kNoOracle;
   }
 #ifndef DDP_DEMO_PATH
   GTEST_SKIP() << "ddp-demo is not built (DDP_BUILD_TOOLS=OFF)";
@@ -297,7 +298,40 @@ TEST(ProcessGroupProcesses, DdpDemoUnderPythonTorchrunWithC10dRendezvous) {
                                {DDP_DEMO_PATH}, dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r.output, "ddp-demo: world_size 2, all_reduce sum 3 (correct)")) << r.output;
+  EXPECT_TRUE(has(r.output, "ddp-demo: DDP step, gradients averaged over 2 ranks (correct)"))
+      << r.output;
 #endif
+}
+
+TEST(ProcessGroupProcesses, UncaughtErrorIsWrittenToTheLaunchersErrorFile) {
+  TempDir dir;
+  const std::string file = dir.path() + "/error.json";
+  auto r = run_ranks({{{"env://", "-1", "-1", "30000", "uncaught"},
+                       {"RANK=0", "WORLD_SIZE=1", "MASTER_ADDR=127.0.0.1",
+                        "MASTER_PORT=" + std::to_string(free_port()),
+                        "TORCHELASTIC_ERROR_FILE=" + file}}},
+                     60);
+  EXPECT_EQ(r[0].exit_code, -1) << "expected SIGABRT:\n" << r[0].output;
+  std::ifstream in(file);
+  std::string json((std::istreambuf_iterator<char>(in)), {});
+  // torchrun's layout (torch.distributed.elastic's @record).
+  EXPECT_TRUE(has(json, "\"message\": \"ddp::InvalidArgument: rank 0: deliberate uncaught error\""))
+      << json;
+  EXPECT_TRUE(has(json, "\"timestamp\": \"")) << json;
+}
+
+TEST(ProcessGroupProcesses, UncaughtErrorShowsInPythonTorchrunsSummary) {
+  if (!python_torchrun_available()) GTEST_SKIP() << ddp::testing::kNoOracle;
+  TempDir dir;
+  ChildResult r = run_torchrun(
+      {"--master_addr", "127.0.0.1", "--master_port", std::to_string(free_port())},
+      {kWorker, "env://", "-1", "-1", "30000", "uncaught"}, dir);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  // torchrun's summary shows the error file's py_callstack as "traceback".
+  EXPECT_TRUE(has(r.output, "traceback : ddp::InvalidArgument: rank 0: deliberate uncaught error") ||
+              has(r.output, "traceback : ddp::InvalidArgument: rank 1: deliberate uncaught error"))
+      << r.output;
+  EXPECT_TRUE(has(r.output, "error_file:")) << r.output;
 }
 
 }  // namespace

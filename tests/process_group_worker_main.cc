@@ -11,6 +11,9 @@
 //              collective_timeout_ms when given); prints "sum X"
 //   exit       leaves at once without a collective (a rank that crashed)
 //   sleep      sleeps 60 s without taking part (a rank that hangs)
+//   uncaught   throws ddp::InvalidArgument("rank R: deliberate uncaught
+//              error") out of main(): the terminate handler installed by
+//              init_process_group writes TORCHELASTIC_ERROR_FILE, then aborts
 // then, for allreduce, a barrier and destroy_process_group().
 // Errors go to stderr as "error <Type>: <message>"; the exit code says the
 // type: 2 InvalidArgument, 3 TimeoutError, 4 CommError, 5 other.
@@ -59,6 +62,9 @@ int run(int argc, char** argv) {
               env.use_agent_store ? 1 : 0, env.restart_count);
   std::fflush(stdout);
   if (action == "exit") std::_Exit(0);
+  if (action == "uncaught") {
+    throw ddp::InvalidArgument("rank " + std::to_string(rank) + ": deliberate uncaught error");
+  }
   if (action == "sleep") {
     std::this_thread::sleep_for(std::chrono::seconds(60));
     return 0;
@@ -75,6 +81,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 5 && std::string(argv[5]) == "uncaught") return run(argc, argv);
   try {
     return run(argc, argv);
   } catch (const ddp::InvalidArgument& e) {

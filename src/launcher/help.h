@@ -74,6 +74,32 @@ inline constexpr const char* kHelpLegacy =
     "Behave like python -m torch.distributed.launch: append "
     "--local_rank=LOCAL_RANK to each worker's arguments";
 
+inline constexpr const char* kHelpShutdownTimeout =
+    "torchrun's name for --grace-period (seconds between SIGTERM and "
+    "SIGKILL); default from TORCH_ELASTIC_SHUTDOWN_TIMEOUT";
+inline constexpr const char* kHelpSignals =
+    "Signals that stop the job and are forwarded to every worker, like "
+    "SIGTERM,SIGINT,SIGHUP,SIGQUIT (the default); add SIGUSR1,SIGUSR2 for "
+    "SLURM";
+inline constexpr const char* kHelpVirtualLocalRank =
+    "Give every worker LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES set to its own "
+    "device (the LOCAL_RANK-th entry of an inherited CUDA_VISIBLE_DEVICES, "
+    "else its local rank)";
+inline constexpr const char* kHelpEventLogHandler =
+    "torchrun's event log handler: only null (the default: no event log) "
+    "is supported";
+inline constexpr const char* kHelpLogsSpecs =
+    "torchrun's LogsSpecs plugin (a Python entry point): not supported; "
+    "use --log-dir, -r and -t";
+inline constexpr const char* kHelpLocalAddr =
+    "Not supported: nodes meet at --master-addr, and workers choose their "
+    "network interface with GLOO_SOCKET_IFNAME";
+inline constexpr const char* kHelpNumaBinding =
+    "Not supported: bind workers yourself (numactl, taskset) or run under "
+    "torchrun";
+inline constexpr const char* kHelpDuplicateFilters =
+    "Not supported: use -t/--tee with --log-dir and grep the log files";
+
 inline constexpr const char* kHelpFooter = R"(
 Every flag also accepts underscores (--nproc_per_node), and most take their
 default from PET_<FLAG> environment variables, as in torchrun.

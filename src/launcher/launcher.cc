@@ -188,6 +188,7 @@ int run_launcher(const LaunchOptions& o) {
     // their parent dies, so that nothing outlives the job (group_support.h).
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     const std::string program = resolve_program(o.program[0]);
+    set_stop_signals(o.stop_signals);
     SignalWatch signals;
     if (sets_omp_num_threads(o, environ)) {
       launcher_message(fmt::format(

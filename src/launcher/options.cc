@@ -10,6 +10,7 @@
 
 #include "ddp/error.h"
 #include "launcher/help.h"
+#include "launcher/signals.h"
 
 namespace ddp::launcher {
 namespace {
@@ -36,6 +37,11 @@ std::optional<double> parse_double(const std::string& s) {
 // The flags' raw text, checked and converted by finish_options().
 struct RawFlags {
   std::string nproc = "1", nnodes = "1", redirects = "0", tee = "0";
+  // torchrun 2.x flags ddprun takes only in their default form.
+  std::string event_log_handler = "null", logs_specs, local_addr, numa_binding;
+  std::string duplicate_stdout, duplicate_stderr;
+  std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  std::optional<double> shutdown_timeout;
   std::string filter, rdzv_backend = "static", rdzv_endpoint, rdzv_conf;
   std::string start_method = "spawn";
   bool module = false, run_path = false, no_python = false, use_env = false;
@@ -44,6 +50,25 @@ struct RawFlags {
 }  // namespace
 
 namespace {
+
+// The flags torchrun gained in 2.x (torchrun 2.13's --help).
+void add_torchrun2_flags(CLI::App& app, LaunchOptions& o, RawFlags& r) {
+  auto env = [](CLI::Option* opt, const char* name) { opt->envname(name); };
+  env(app.add_option("--shutdown-timeout", r.shutdown_timeout, kHelpShutdownTimeout),
+      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  env(app.add_option("--signals-to-handle", r.signals, kHelpSignals), "PET_SIGNALS_TO_HANDLE");
+  env(app.add_flag("--virtual-local-rank", o.virtual_local_rank, kHelpVirtualLocalRank),
+      "PET_VIRTUAL_LOCAL_RANK");
+  env(app.add_option("--event-log-handler", r.event_log_handler, kHelpEventLogHandler),
+      "PET_EVENT_LOG_HANDLER");
+  env(app.add_option("--logs-specs", r.logs_specs, kHelpLogsSpecs), "PET_LOGS_SPECS");
+  env(app.add_option("--local-addr", r.local_addr, kHelpLocalAddr), "PET_LOCAL_ADDR");
+  env(app.add_option("--numa-binding", r.numa_binding, kHelpNumaBinding), "PET_NUMA_BINDING");
+  env(app.add_option("--duplicate-stdout-filters", r.duplicate_stdout, kHelpDuplicateFilters),
+      "PET_DUPLICATE_STDOUT_FILTERS");
+  env(app.add_option("--duplicate-stderr-filters", r.duplicate_stderr, kHelpDuplicateFilters),
+      "PET_DUPLICATE_STDERR_FILTERS");
+}
 
 void add_flags(CLI::App& app, LaunchOptions& o, RawFlags& r) {
   auto env = [](CLI::Option* opt, const char* name) { opt->envname(name); };
@@ -75,6 +100,7 @@ void add_flags(CLI::App& app, LaunchOptions& o, RawFlags& r) {
   app.add_option("--start-method", r.start_method, kHelpStartMethod);
   app.add_flag("--use-env", r.use_env, kHelpUseEnv);
   app.add_flag("--legacy-launch", o.legacy_local_rank_arg, kHelpLegacy);
+  add_torchrun2_flags(app, o, r);
   app.set_version_flag("--version", "ddprun 0.1.0");
 }
 
@@ -212,6 +238,65 @@ void check_numbers(const LaunchOptions& o) {
   }
 }
 
+// SIGTERM,SIGINT,... (names with or without SIG, or numbers) to signals.
+std::vector<int> parse_signals(const std::string& text) {
+  std::vector<int> out;
+  for (std::string name : split(text, ',')) {
+    int sig = 0;
+    if (auto n = parse_long(name)) {
+      sig = static_cast<int>(*n);
+    } else {
+      if (name.rfind("SIG", 0) != 0) name = "SIG" + name;
+      for (int s = 1; s < NSIG; ++s) {
+        if (signal_name(s) == name) sig = s;
+      }
+    }
+    if (sig <= 0 || sig >= NSIG || sig == SIGKILL || sig == SIGSTOP || sig == SIGCHLD) {
+      throw InvalidArgument(fmt::format(
+          "--signals-to-handle '{}': '{}' is not a signal ddprun can handle; "
+          "expected names like SIGTERM,SIGINT,SIGUSR1 (not SIGKILL, SIGSTOP or SIGCHLD)",
+          text, name));
+    }
+    out.push_back(sig);
+  }
+  if (out.empty()) {
+    throw InvalidArgument("--signals-to-handle is empty: name at least one signal");
+  }
+  return out;
+}
+
+// torchrun 2.x flags: supported ones applied, the others refused unless
+// they hold torchrun's default.
+void check_torchrun2_flags(const RawFlags& r, LaunchOptions& o) {
+  auto refuse = [](const char* flag, const std::string& value, const char* why) {
+    throw InvalidArgument(fmt::format("{} {}: not supported by ddprun: {}", flag, value, why));
+  };
+  if (r.event_log_handler != "null") {
+    refuse("--event-log-handler", r.event_log_handler,
+           "ddprun keeps no elastic event log (only null is accepted)");
+  }
+  if (!r.logs_specs.empty()) {
+    refuse("--logs-specs", r.logs_specs,
+           "LogsSpecs plugins are Python entry points; use --log-dir, -r and -t");
+  }
+  if (!r.local_addr.empty()) {
+    refuse("--local-addr", r.local_addr,
+           "nodes meet at --master-addr, and workers choose their network "
+           "interface with GLOO_SOCKET_IFNAME");
+  }
+  if (!r.numa_binding.empty()) {
+    refuse("--numa-binding", r.numa_binding,
+           "bind workers yourself (numactl, taskset) or run under torchrun");
+  }
+  if (!r.duplicate_stdout.empty() || !r.duplicate_stderr.empty()) {
+    refuse(r.duplicate_stdout.empty() ? "--duplicate-stderr-filters" : "--duplicate-stdout-filters",
+           r.duplicate_stdout.empty() ? r.duplicate_stderr : r.duplicate_stdout,
+           "use -t/--tee with --log-dir and grep the log files");
+  }
+  if (r.shutdown_timeout) o.grace_period = *r.shutdown_timeout;
+  o.stop_signals = parse_signals(r.signals);
+}
+
 void finish_options(const RawFlags& r, LaunchOptions& o) {
   if (r.module || r.run_path) {
     throw InvalidArgument(fmt::format(
@@ -227,6 +312,7 @@ void finish_options(const RawFlags& r, LaunchOptions& o) {
   o.nproc_per_node = resolve_nproc_per_node(r.nproc);
   check_nodes(r, o);
   check_rdzv(r, o);
+  check_torchrun2_flags(r, o);
   check_numbers(o);
   o.redirects = parse_std_spec(r.redirects, "--redirects");
   o.tee = parse_std_spec(r.tee, "--tee");

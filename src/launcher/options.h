@@ -6,6 +6,7 @@
 // the streams it is given.
 #pragma once
 
+#include <csignal>
 #include <iosfwd>
 #include <optional>
 #include <set>
@@ -27,6 +28,10 @@ struct LaunchOptions {
   int max_restarts = 0;     // restarts of the whole worker group
   double monitor_interval = 5.0;  // seconds; upper bound between checks
   double grace_period = 5.0;      // seconds between SIGTERM and SIGKILL
+  // Signals that stop the job and are forwarded (--signals-to-handle).
+  std::vector<int> stop_signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+  // --virtual-local-rank: LOCAL_RANK=0, one CUDA_VISIBLE_DEVICES each.
+  bool virtual_local_rank = false;
   std::string log_dir;            // empty: no log files unless -r/-t
   StdSpec redirects;              // streams that go to files only
   StdSpec tee;                    // streams that go to files and console

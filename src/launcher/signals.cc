@@ -12,13 +12,17 @@
 namespace ddp::launcher {
 namespace {
 
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+// The stop signals (--signals-to-handle); set before the SignalWatch.
+std::vector<int>& stop_signals() {
+  static std::vector<int> signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+  return signals;
+}
 
 sigset_t watched_set() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGCHLD);
-  for (int s : kStopSignals) sigaddset(&set, s);
+  for (int s : stop_signals()) sigaddset(&set, s);
   return set;
 }
 
@@ -61,8 +65,10 @@ std::vector<int> SignalWatch::read_pending() {
   return out;
 }
 
+void set_stop_signals(const std::vector<int>& signals) { stop_signals() = signals; }
+
 bool is_stop_signal(int sig) {
-  for (int s : kStopSignals) {
+  for (int s : stop_signals()) {
     if (s == sig) return true;
   }
   return false;

@@ -37,7 +37,10 @@ class SignalWatch {
   struct sigaction previous_pipe_ {};
 };
 
-// SIGINT, SIGTERM, SIGHUP, SIGQUIT: the signals ddprun forwards to workers.
+// The signals that stop the job and are forwarded to workers: SIGINT,
+// SIGTERM, SIGHUP, SIGQUIT unless set_stop_signals (--signals-to-handle)
+// chose others. Call set_stop_signals before creating the SignalWatch.
+void set_stop_signals(const std::vector<int>& signals);
 bool is_stop_signal(int sig);
 
 // "SIGKILL", "SIGSEGV", ...; "signal 77" for numbers without a name.

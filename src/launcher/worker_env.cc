@@ -23,6 +23,19 @@ bool is_set(const std::map<std::string, std::string>& env, const char* key) {
   return it != env.end() && !it->second.empty();
 }
 
+// torchrun's --virtual-local-rank: each worker sees its own device as
+// device 0 (the local_rank-th of an inherited CUDA_VISIBLE_DEVICES list).
+void set_virtual_local_rank(std::map<std::string, std::string>& env, int local_rank) {
+  std::string device = std::to_string(local_rank);
+  auto it = env.find("CUDA_VISIBLE_DEVICES");
+  if (it != env.end() && !it->second.empty()) {
+    std::vector<std::string> devices = split(it->second, ',');
+    if (local_rank < static_cast<int>(devices.size())) device = devices[local_rank];
+  }
+  env["CUDA_VISIBLE_DEVICES"] = device;
+  env["LOCAL_RANK"] = "0";
+}
+
 }  // namespace
 
 bool sets_omp_num_threads(const LaunchOptions& options, const char* const* base) {
@@ -39,6 +52,7 @@ std::vector<std::string> worker_environment(const LaunchOptions& options,
   const std::string world = std::to_string(options.world_size());
   env["RANK"] = std::to_string(rank);
   env["LOCAL_RANK"] = std::to_string(local_rank);
+  if (options.virtual_local_rank) set_virtual_local_rank(env, local_rank);
   env["WORLD_SIZE"] = world;
   env["LOCAL_WORLD_SIZE"] = std::to_string(options.nproc_per_node);
   env["GROUP_RANK"] = std::to_string(options.node_rank);

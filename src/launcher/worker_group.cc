@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 
 #include "ddp/error.h"
 #include "launcher/group_support.h"
@@ -34,6 +35,7 @@ struct Worker {
   std::vector<OutputStream> streams;  // [0] stdout, [1] stderr
   bool reaped = false;
   bool signalled = false;  // ddprun sent it a stop signal
+  uint64_t sent = 0;       // the signals ddprun sent it, bit 1 << signal
 };
 
 class GroupRun {
@@ -247,7 +249,13 @@ void GroupRun::on_worker_end(std::size_t index, int status) {
   r.end_time = wall_clock_seconds();
   for (OutputStream& s : w.streams) s.drain();  // its last words
   const bool ok = WIFEXITED(status) && r.exit_code == 0;
-  r.end = w.signalled ? WorkerEnd::kStopped : ok ? WorkerEnd::kSucceeded : WorkerEnd::kFailed;
+  // A worker killed by a signal ddprun did not send (SIGSEGV, SIGABRT while
+  // it was being stopped) died of its own cause, and is reported with it.
+  const bool own_signal =
+      WIFSIGNALED(status) && (r.signal >= 64 || !(w.sent & (uint64_t{1} << r.signal)));
+  r.end = w.signalled && !own_signal ? WorkerEnd::kStopped
+          : ok                       ? WorkerEnd::kSucceeded
+                                     : WorkerEnd::kFailed;
   if (r.end != WorkerEnd::kFailed || result_.outcome != GroupOutcome::kSucceeded) return;
   result_.outcome = GroupOutcome::kFailed;
   result_.root_cause = static_cast<int>(index);
@@ -270,7 +278,10 @@ void GroupRun::stop_all(int sig) {
 void GroupRun::signal_groups(int sig) {
   for (Worker& w : workers_) {
     ::kill(-w.result.pid, sig);  // ESRCH once the group is empty: fine
-    if (!w.reaped && sig != SIGCHLD) w.signalled = true;
+    if (!w.reaped && sig != SIGCHLD) {
+      w.signalled = true;
+      if (sig > 0 && sig < 64) w.sent |= uint64_t{1} << sig;
+    }
   }
 }
 

@@ -43,6 +43,19 @@ TEST_F(LauncherTest, OtherRanksAreStoppedAndListed) {
   expect_no_survivors();
 }
 
+TEST_F(LauncherTest, ARankDyingOfItsOwnSignalWhileStoppedIsReportedWithIt) {
+  // Rank 1 fails; rank 0 aborts (SIGABRT) when ddprun's SIGTERM arrives.
+  auto r = run(command({"--nproc-per-node", "2"},
+                       {"--steps", "600", "--step-seconds", "0.1", "--fail-rank", "1",
+                        "--fail-step", "2", "--exit-code", "4", "--abort-on-stop"}));
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("rank 1 (local_rank 1) on node 0"));
+  EXPECT_THAT(r.err, HasSubstr("rank 0 (local_rank 0): failed too (signal SIGABRT (6))"));
+  EXPECT_THAT(r.err, Not(HasSubstr("stopped by ddprun (signal SIGABRT")));
+  expect_no_survivors();
+}
+
 class SignalNameTest : public LauncherTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(SignalNameTest, SignalOfTheFailedRankIsNamed) {

@@ -5,7 +5,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <sstream>
 
 #include "ddp/error.h"
@@ -122,6 +126,13 @@ TEST(LauncherOptions, ErrorsNameTheFlag) {
            {{"--max-restarts", "-1", "p"}, "--max-restarts -1 is negative"},
            {{"-m", "p"}, "use `ddprun [flags] python3 -u -m MODULE`"},
            {{"--nproc-per-node", "2"}, "no program given"},
+           {{"--local-addr", "10.0.0.2", "p"}, "--local-addr 10.0.0.2: not supported by ddprun"},
+           {{"--numa-binding", "node", "p"}, "--numa-binding node: not supported by ddprun"},
+           {{"--logs-specs", "mine", "p"}, "--logs-specs mine: not supported by ddprun"},
+           {{"--event-log-handler", "console", "p"}, "only null is accepted"},
+           {{"--duplicate-stdout-filters", "loss", "p"}, "use -t/--tee with --log-dir"},
+           {{"--signals-to-handle", "SIGKILL", "p"}, "'SIGKILL' is not a signal ddprun can handle"},
+           {{"--signals-to-handle", "SIGNOPE", "p"}, "'SIGNOPE' is not a signal"},
        }) {
     Parsed p = parse(c.args);
     EXPECT_EQ(p.exit_code, 2) << c.message;
@@ -138,6 +149,56 @@ TEST(LauncherOptions, HelpNamesEveryFlag) {
         "--redirects", "--tee", "--local-ranks-filter", "--run-id", "--no-python", "--use-env",
         "--legacy-launch", "--rdzv-endpoint", "--rdzv-conf", "Usage: ddprun [flags] PROGRAM"}) {
     EXPECT_THAT(p.out, HasSubstr(flag));
+  }
+}
+
+TEST(LauncherOptions, Torchrun2FlagsWithTheirMeaning) {
+  Parsed p = parse({"--shutdown-timeout", "7", "--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1",
+                    "--virtual-local-rank", "--event-log-handler", "null", "prog"});
+  ASSERT_FALSE(p.exit_code) << p.err;
+  EXPECT_EQ(p.options.grace_period, 7.0);
+  EXPECT_THAT(p.options.stop_signals, ElementsAre(SIGTERM, SIGINT, SIGUSR1));
+  EXPECT_TRUE(p.options.virtual_local_rank);
+  Parsed d = parse({"prog"});
+  EXPECT_THAT(d.options.stop_signals, ElementsAre(SIGTERM, SIGINT, SIGHUP, SIGQUIT));
+  EXPECT_FALSE(d.options.virtual_local_rank);
+}
+
+// Every flag of the oracle's `torchrun --help` (PyTorch 2.13) is one that
+// ddprun knows: it either has torchrun's meaning or says what it does not
+// support (LauncherOptions.ErrorsNameTheFlag).
+TEST(LauncherOptions, KnowsEveryFlagOfTorchrun) {
+  const std::string python = DDP_PYTHON;
+  if (python.empty()) GTEST_SKIP() << "no Python with torch configured (DDP_PYTHON)";
+  std::FILE* pipe = ::popen((python + " -m torch.distributed.run --help 2>&1").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string help;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) help.append(buf, n);
+  ASSERT_EQ(::pclose(pipe), 0) << help;
+  Parsed ours = parse({"--help"});
+  // The flags declared in the options section: lines that start (after
+  // indentation) with a dash, up to the description (two spaces).
+  std::set<std::string> flags;
+  std::istringstream lines(help);
+  for (std::string line; std::getline(lines, line);) {
+    size_t first = line.find_first_not_of(' ');
+    if (first == std::string::npos || first == 0 || line[first] != '-') continue;
+    const std::string decl = line.substr(first, line.find("  ", first) - first);
+    for (size_t at = decl.find("--"); at != std::string::npos; at = decl.find("--", at + 2)) {
+      size_t end = at + 2;
+      while (end < decl.size() && (std::isalnum(static_cast<unsigned char>(decl[end])) ||
+                                   decl[end] == '-' || decl[end] == '_')) {
+        ++end;
+      }
+      const std::string flag = decl.substr(at, end - at);
+      // The --snake_case spellings are the same flags (ddprun accepts both).
+      if (end > at + 2 && flag.find('_') == std::string::npos) flags.insert(flag);
+    }
+  }
+  ASSERT_GT(flags.size(), 25u) << help;
+  for (const std::string& flag : flags) {
+    EXPECT_THAT(ours.out, HasSubstr(flag + " ")) << "torchrun's " << flag << " is unknown to ddprun";
   }
 }
 

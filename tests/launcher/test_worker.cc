@@ -4,7 +4,8 @@
 // step (on one rank), fail only the first time (a marker file), resume from
 // a per-rank checkpoint, write a torchelastic error file, print its
 // environment, arguments or many lines, start helper processes, ignore
-// SIGTERM/SIGINT, and announce that it is up with a file.
+// SIGTERM/SIGINT (or abort on SIGTERM), and announce that it is up with a
+// file.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -122,6 +123,15 @@ void print_lines(int rank, int n, std::size_t width) {
 int main(int argc, char** argv) {
   auto a = parse(argc, argv);
   const int rank = env_int("RANK");
+  if (a.count("abort-on-stop")) {
+    // Dies of its own signal while ddprun stops it.
+    std::signal(SIGTERM, [](int) {
+      rlimit no_core{0, 0};
+      setrlimit(RLIMIT_CORE, &no_core);
+      std::signal(SIGABRT, SIG_DFL);
+      ::raise(SIGABRT);
+    });
+  }
   if (a.count("ignore-stop")) {
     std::signal(SIGTERM, SIG_IGN);
     std::signal(SIGINT, SIG_IGN);

@@ -35,6 +35,23 @@ TEST(LauncherWorkerEnv, RanksOfASecondNode) {
   EXPECT_TRUE(sets_omp_num_threads(o, base));  // empty counts as unset
 }
 
+TEST(LauncherWorkerEnv, VirtualLocalRankGivesEachWorkerItsDeviceAsZero) {
+  LaunchOptions o;
+  o.nproc_per_node = 2;
+  o.virtual_local_rank = true;
+  AttemptInfo a{0, "127.0.0.1", 29500};
+  const char* none[] = {nullptr};
+  auto env = worker_environment(o, 1, a, "/e", none);
+  EXPECT_THAT(env, Contains("LOCAL_RANK=0"));
+  EXPECT_THAT(env, Contains("RANK=1"));
+  EXPECT_THAT(env, Contains("CUDA_VISIBLE_DEVICES=1"));
+  const char* listed[] = {"CUDA_VISIBLE_DEVICES=4,6", nullptr};
+  EXPECT_THAT(worker_environment(o, 1, a, "/e", listed), Contains("CUDA_VISIBLE_DEVICES=6"));
+  o.virtual_local_rank = false;
+  EXPECT_THAT(worker_environment(o, 1, a, "/e", listed), Contains("LOCAL_RANK=1"));
+  EXPECT_THAT(worker_environment(o, 1, a, "/e", listed), Contains("CUDA_VISIBLE_DEVICES=4,6"));
+}
+
 TEST(LauncherWorkerEnv, OneWorkerKeepsOmpUnset) {
   LaunchOptions o;
   const char* base[] = {nullptr};

@@ -40,5 +40,18 @@ echo "$out"
 # The program must use the installed library, not the build tree's.
 lib=$(ldd "$work/build/app" | awk '/libddp/ {print $3}')
 [[ -z $lib || $lib == "$prefix"/* ]] || fail "app loads $lib, not the installed libddp"
+# The installed tools start from the prefix (install RPATH), with no help
+# from the build tree or LD_LIBRARY_PATH.
+for tool in ddp-demo ddp-train ddprun; do
+  [ -x "$prefix/bin/$tool" ] || fail "$tool is not installed"
+  help=$(env -u LD_LIBRARY_PATH "$prefix/bin/$tool" --help 2>&1) ||
+    { echo "$help" >&2; fail "installed $tool --help failed"; }
+done
+lib=$(ldd "$prefix/bin/ddp-train" | awk '/libddp/ {print $3}')
+[[ $lib == "$prefix"/* ]] || fail "installed ddp-train loads libddp from '$lib', not $prefix"
+if ldd "$prefix/bin/ddp-train" | grep -q "not found"; then
+  ldd "$prefix/bin/ddp-train" >&2
+  fail "installed ddp-train has unresolved libraries"
+fi
 rm -rf "$work"
 step "passed"
