@@ -107,6 +107,33 @@ void CollectiveMonitor::publish_loop() {
   }
 }
 
+void CollectiveMonitor::publish_fatal(const std::string& message) noexcept {
+  if (!publish_store_) return;
+  try {
+    publish_store_->set(fmt::format("fatal/{}", rank_), as_bytes(message));
+  } catch (...) {
+  }
+}
+
+std::string CollectiveMonitor::fatal_notes(std::chrono::milliseconds wait) noexcept {
+  if (!publish_store_) return "";
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  try {
+    while (true) {
+      std::string notes;
+      for (int k = 0; k < size_; ++k) {
+        const std::string key = fmt::format("fatal/{}", k);
+        if (k == rank_ || !publish_store_->check({key})) continue;
+        notes += (notes.empty() ? "" : "\n") + as_string(publish_store_->get(key));
+      }
+      if (!notes.empty() || std::chrono::steady_clock::now() >= deadline) return notes;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  } catch (...) {
+    return "";
+  }
+}
+
 std::string CollectiveMonitor::stall_report(uint64_t seq) {
   if (!publish_store_) return "";
   std::vector<std::string> lines;

@@ -69,6 +69,15 @@ class CollectiveMonitor {
   // behind collective `seq`; "" when the store cannot be read.
   std::string stall_report(uint64_t seq);
 
+  // Note [Last words]: a rank dying of an error it cannot throw (Gloo's
+  // size check fails on its transport thread and terminates the process)
+  // leaves `message` in the store under "fatal/<rank>" first, best effort;
+  // the ranks that then see its connection close read it back with
+  // fatal_notes() ("rank 1: ...", one line per rank; "" when none appears
+  // within `wait`). Never throws.
+  void publish_fatal(const std::string& message) noexcept;
+  std::string fatal_notes(std::chrono::milliseconds wait) noexcept;
+
  private:
   std::string record() const;
   void publish_loop();

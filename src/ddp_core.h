@@ -24,13 +24,18 @@ class DdpCore {
 
   void pre_forward();
   void post_forward(const std::vector<at::Tensor>& outputs, bool known);
-  bool wants_outputs() const {
-    return options_.find_unused_parameters && syncing_now();
-  }
+  // A synchronised forward's outputs are listed: for the unused-parameter
+  // search and for the hooks that tell a stray backward (reducer.h).
+  bool wants_outputs() const { return syncing_now(); }
   bool syncing_now() const { return at::GradMode::is_enabled() && grad_sync_; }
   DdpStats stats() const;
 
-  bool grad_sync_ = true;
+  // no_sync(): gradient sync requested for the next forwards.
+  void set_grad_sync(bool enabled);
+  bool grad_sync() const { return grad_sync_; }
+  // DistributedDataParallel::sync_buffers(): rank 0's buffers (with join,
+  // the highest rank still training) to every rank, now. Collective.
+  void sync_buffers_now();
 
   // Join (join.cc). begin/end bracket the user's loop; shadow_iteration()
   // mirrors one iteration of the ranks still training and returns false
@@ -45,11 +50,24 @@ class DdpCore {
   int count_ranks_training(bool training);
   void sync_buffers(bool candidate);
   void check_options() const;
+  void check_no_sparse_gradients() const;
+  void check_model_unchanged() const;
+  std::string describe_model_change() const;
   void collect(std::vector<NamedTensor>& all, std::vector<std::string>& names,
                std::vector<at::Tensor>& params);
 
   std::shared_ptr<torch::nn::Module> module_;
   DistributedDataParallelOptions options_;
+  bool grad_sync_ = true;
+  // The model as wrapped, for check_model_unchanged(): every entry of
+  // named_parameters() (tied ones repeated), with its flags and shape.
+  struct WrappedParam {
+    std::string name;
+    const void* impl;
+    bool requires_grad;
+    std::vector<int64_t> sizes;
+  };
+  std::vector<WrappedParam> wrapped_;
   ProcessGroupPtr group_;
   CollectiveOptions copts_;
   std::vector<at::Tensor> buffers_;

@@ -6,7 +6,10 @@
 #include <ATen/ops/full.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/nn/modules/embedding.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "ddp/error.h"
@@ -20,6 +23,7 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module,
     : module_(std::move(module)), options_(options) {
   if (!module_) throw InvalidArgument("DistributedDataParallel: the module is null");
   check_options();
+  check_no_sparse_gradients();
   group_ = options_.process_group ? options_.process_group : default_group();
   copts_ = CollectiveOptions{group_, options_.timeout};
   std::vector<NamedTensor> all;
@@ -27,6 +31,10 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module,
   std::vector<at::Tensor> params;
   collect(all, names, params);
   for (const auto& t : all) state_tensors_.push_back(t.tensor);
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    const at::Tensor& t = item.value();
+    wrapped_.push_back({item.key(), t.unsafeGetTensorImpl(), t.requires_grad(), t.sizes().vec()});
+  }
   if (options_.init_sync && group_->size() > 1) {
     verify_same_model(all, copts_);
     broadcast_coalesced(state_tensors_, 0, copts_);
@@ -61,6 +69,83 @@ void DdpCore::check_options() const {
         "{{cuda:local_rank}}",
         options_.device_ids.size()));
   }
+}
+
+// Embedding and EmbeddingBag with sparse=true produce sparse gradients,
+// which the reducer's dense buckets cannot hold: refused here rather than
+// in the middle of the first backward (which would leave the buckets
+// half-reduced).
+void DdpCore::check_no_sparse_gradients() const {
+  for (const auto& item : module_->named_modules()) {
+    bool sparse = false;
+    const char* kind = "";
+    if (auto* e = dynamic_cast<const torch::nn::EmbeddingImpl*>(item.value().get())) {
+      sparse = e->options.sparse();
+      kind = "Embedding";
+    } else if (auto* b = dynamic_cast<const torch::nn::EmbeddingBagImpl*>(item.value().get())) {
+      sparse = b->options.sparse();
+      kind = "EmbeddingBag";
+    }
+    if (sparse) {
+      const std::string name = item.key().empty() ? "weight" : item.key() + ".weight";
+      throw InvalidArgument(fmt::format(
+          "DistributedDataParallel: parameter '{}' ({} with sparse=true) would "
+          "get sparse gradients, which ddp does not reduce. Construct the {} "
+          "with sparse(false): its gradient is then dense and reduced like the "
+          "others (use a dense optimizer such as Adam or SGD)",
+          name, kind, kind));
+    }
+  }
+}
+
+// Cheap enough for every forward: one pass over named_parameters().
+void DdpCore::check_model_unchanged() const {
+  auto now = module_->named_parameters(/*recurse=*/true);
+  bool same = now.size() == wrapped_.size();
+  for (size_t i = 0; same && i < now.size(); ++i) {
+    const at::Tensor& t = now[i].value();
+    const WrappedParam& w = wrapped_[i];
+    same = t.unsafeGetTensorImpl() == w.impl && t.requires_grad() == w.requires_grad &&
+           t.sizes().equals(w.sizes);
+  }
+  if (same) return;
+  throw InvalidArgument(fmt::format(
+      "DistributedDataParallel: the model changed after it was wrapped: {}. "
+      "The reducer still holds the parameters it was built with, so training "
+      "on would leave part of the model unreduced and the ranks would drift "
+      "apart. Wrap the changed model again (construct a new "
+      "DistributedDataParallel on every rank), or make the change before "
+      "wrapping",
+      describe_model_change()));
+}
+
+// The first difference between the model now and as wrapped.
+std::string DdpCore::describe_model_change() const {
+  auto now = module_->named_parameters(/*recurse=*/true);
+  for (const WrappedParam& w : wrapped_) {
+    const at::Tensor* t = now.find(w.name);
+    if (t == nullptr) return fmt::format("parameter '{}' was removed", w.name);
+    if (t->unsafeGetTensorImpl() != w.impl) {
+      return fmt::format(
+          "parameter '{}' is another tensor now (its module or the parameter "
+          "was replaced)",
+          w.name);
+    }
+    if (t->requires_grad() != w.requires_grad) {
+      return fmt::format("requires_grad of parameter '{}' changed from {} to {}", w.name,
+                         w.requires_grad, t->requires_grad());
+    }
+    if (!t->sizes().equals(w.sizes)) {
+      return fmt::format("parameter '{}' changed shape from [{}] to [{}]", w.name,
+                         fmt::join(w.sizes, ", "), fmt::join(t->sizes(), ", "));
+    }
+  }
+  for (const auto& item : now) {
+    bool known = std::any_of(wrapped_.begin(), wrapped_.end(),
+                             [&](const WrappedParam& w) { return w.name == item.key(); });
+    if (!known) return fmt::format("parameter '{}' was added", item.key());
+  }
+  return "the order of its parameters changed";
 }
 
 // Parameters deduplicated by identity (tied weights once, under their first
@@ -101,6 +186,7 @@ void DdpCore::collect(std::vector<NamedTensor>& all, std::vector<std::string>& n
 
 void DdpCore::pre_forward() {
   forward_start_ = Clock::now();
+  check_model_unchanged();
   if (syncing_now()) {
     if (join_) {
       // Note [Join protocol]: the first collective of every synchronised
@@ -137,10 +223,21 @@ void DdpCore::post_forward(const std::vector<at::Tensor>& outputs, bool known) {
     reducer_->prepare_for_backward(outputs, known);
   } else {
     require_forward_param_sync_ = false;
-    reducer_->forward_without_sync();
+    // Without grad mode the forward builds no graph: no backward can follow.
+    if (at::GradMode::is_enabled()) reducer_->forward_without_sync();
   }
   ++forwards_;
   forward_s_ += std::chrono::duration<double>(Clock::now() - forward_start_).count();
+}
+
+void DdpCore::set_grad_sync(bool enabled) {
+  grad_sync_ = enabled;
+  reducer_->set_sync_requested(enabled);
+}
+
+void DdpCore::sync_buffers_now() {
+  if (buffers_.empty() || group_->size() == 1) return;
+  sync_buffers(/*candidate=*/true);
 }
 
 DdpStats DdpCore::stats() const {
@@ -161,8 +258,30 @@ void post_forward(DdpCore& core, const std::vector<at::Tensor>& outputs, bool kn
   core.post_forward(outputs, known);
 }
 bool wants_outputs(const DdpCore& core) { return core.wants_outputs(); }
-void set_grad_sync(DdpCore& core, bool enabled) { core.grad_sync_ = enabled; }
-bool grad_sync(const DdpCore& core) { return core.grad_sync_; }
+void set_grad_sync(DdpCore& core, bool enabled) { core.set_grad_sync(enabled); }
+bool grad_sync(const DdpCore& core) { return core.grad_sync(); }
+void sync_buffers(DdpCore& core) { core.sync_buffers_now(); }
+
+std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module, bool recurse) {
+  std::vector<at::Tensor> out;
+  std::unordered_set<const void*> seen;
+  for (const at::Tensor& t : module.parameters(recurse)) {
+    if (seen.insert(t.unsafeGetTensorImpl()).second) out.push_back(t);
+  }
+  return out;
+}
+
+torch::OrderedDict<std::string, at::Tensor> unique_named_parameters(
+    const torch::nn::Module& module, bool recurse) {
+  torch::OrderedDict<std::string, at::Tensor> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : module.named_parameters(recurse)) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
+      out.insert(item.key(), item.value());
+    }
+  }
+  return out;
+}
 DdpStats stats(const DdpCore& core) { return core.stats(); }
 
 }  // namespace ddp::detail

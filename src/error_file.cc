@@ -16,6 +16,8 @@
 
 #include "compat/torch_compat.h"
 #include "ddp/error.h"
+#include "ddp/logging.h"
+#include "process_group_impl.h"
 
 namespace ddp {
 namespace {
@@ -66,12 +68,40 @@ bool write_error_file(const std::string& message, const std::string& detail) {
 
 std::terminate_handler previous_handler = nullptr;
 
+// Gloo checks on its transport thread that a peer's message fits the
+// operation it was posted for; a mismatch throws there, where nothing can
+// catch it, and terminates the process. Its text names sizes, not the cause.
+bool is_gloo_size_mismatch(const std::string& type, const std::string& what) {
+  return type.rfind("gloo::", 0) == 0 &&
+         (what.find("collective mismatch") != std::string::npos ||
+          what.find("size doesn't match") != std::string::npos);
+}
+
+std::string out_of_step_message(const std::string& gloo_text) {
+  return "the ranks are out of step: they issued different collectives (or one "
+         "collective with different sizes), so a peer's data does not fit this "
+         "rank's operation. Typically one rank left the training loop early "
+         "(uneven data) and went on to other collectives. Use ddp::join(model, "
+         "loop) for uneven inputs, and run with DDP_DEBUG=1 to have every rank "
+         "name the first collective that differs. (Gloo: " + gloo_text + ")";
+}
+
 [[noreturn]] void record_and_terminate() {
   if (std::exception_ptr in_flight = std::current_exception()) {
     try {
       std::rethrow_exception(in_flight);
     } catch (const std::exception& e) {
-      record_error(e);
+      const std::string type = type_name(e);
+      const std::string what = compat::what_without_backtrace(e);
+      if (is_gloo_size_mismatch(type, what)) {
+        const std::string message = out_of_step_message(what);
+        log(LogLevel::kError, "ddp: " + message);
+        record_error_message("ddp::MismatchError: " + message);
+        detail::publish_fatal_to_groups(message);  // Note [Last words]
+      } else {
+        record_error(e);
+        detail::publish_fatal_to_groups(type + ": " + what);
+      }
     } catch (...) {
       record_error_message("terminate called after an exception of unknown type");
     }

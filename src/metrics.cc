@@ -206,29 +206,58 @@ bool all_equal(double sum, double sum_sq, int world) {
          static_cast<u128>(sum) * static_cast<u128>(sum);
 }
 
-ReducedMetrics Metrics::reduce(const CollectiveOptions& options) const {
-  std::vector<std::pair<std::string, MetricKind>> layout;
-  std::vector<double> slots;
-  for (const auto& [name, a] : metrics_) {
-    layout.emplace_back(name, a.kind);
-    slots.push_back(a.sum);
-    slots.push_back(a.weight);
-    push_int64(slots, a.count);
+namespace {
+
+using Layout = std::vector<std::pair<std::string, MetricKind>>;
+
+// "<length>:<name><kind digit>" per metric: names may hold any byte.
+std::string encode_layout(const Layout& layout) {
+  std::string out;
+  for (const auto& [name, kind] : layout) {
+    out += std::to_string(name.size()) + ":" + name + static_cast<char>('0' + static_cast<int>(kind));
   }
+  return out;
+}
+
+Layout decode_layout(const std::string& text) {
+  Layout out;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t colon = text.find(':', at);
+    size_t len = std::stoul(text.substr(at, colon - at));
+    out.emplace_back(text.substr(colon + 1, len),
+                     static_cast<MetricKind>(text[colon + 1 + len] - '0'));
+    at = colon + 2 + len;
+  }
+  return out;
+}
+
+}  // namespace
+
+// Note [Metrics layout check]: a first fixed-size all_reduce checks that the
+// ranks that added metrics added the same ones (count and 16-bit hash, each
+// with its square: equal values on every such rank <=> sum(v^2) * m ==
+// sum(v)^2), and counts the ranks that added none. Those (an empty shard)
+// learn the names from the others (an all_gather of the layout, only then)
+// and contribute zeros. Ranks with different tensors in one all_reduce
+// would otherwise crash Gloo.
+ReducedMetrics Metrics::reduce(const CollectiveOptions& options) const {
+  Layout layout;
+  for (const auto& [name, a] : metrics_) layout.emplace_back(name, a.kind);
   if (layout.size() >= (1u << 16)) {
     throw InvalidArgument("Metrics::reduce: " + std::to_string(layout.size()) +
                           " metrics; at most 65535 are supported");
   }
-  // The layout is checked in a fixed-size all_reduce first: ranks with a
-  // different number of metrics would otherwise pass tensors of different
-  // sizes to one all_reduce, which Gloo cannot survive.
+  const bool empty = layout.empty();
   const double n = static_cast<double>(layout.size());
-  const double h = layout_hash(layout);
-  std::vector<double> check{n, n * n, h, h * h};
+  const double h = empty ? 0.0 : layout_hash(layout);
+  std::vector<double> check{n, n * n, h, h * h, empty ? 1.0 : 0.0};
   const int world = group_size(options);
   all_reduce_doubles(check, options);
-  if (!all_equal(check[0], check[1], world) ||
-      !all_equal(check[2], check[3], world)) {
+  const int with_metrics = world - static_cast<int>(check[4]);
+  if (with_metrics == 0) return ReducedMetrics();
+  if (!all_equal(check[0], check[1], with_metrics) ||
+      !all_equal(check[2], check[3], with_metrics)) {
     std::string names;
     for (const auto& [name, kind] : layout) {
       names += (names.empty() ? "" : ", ") + name + ":" + ddp::to_string(kind);
@@ -236,14 +265,30 @@ ReducedMetrics Metrics::reduce(const CollectiveOptions& options) const {
     throw MismatchError(
         "Metrics::reduce: the ranks added different metric names or kinds; "
         "this rank has {" + names + "}. Add every metric on every rank (a "
-        "rank without data can add_mean(name, 0, 0) or add_count(name, 0))");
+        "rank that adds nothing at all contributes zeros to every metric)");
+  }
+  if (with_metrics < world) {
+    for (const std::string& other : all_gather_string(encode_layout(layout), options)) {
+      if (empty && !other.empty()) {
+        layout = decode_layout(other);
+        break;
+      }
+    }
+  }
+  std::vector<double> slots;
+  for (const auto& [name, kind] : layout) {
+    auto it = metrics_.find(name);
+    const Accumulator zero{};
+    const Accumulator& a = it == metrics_.end() ? zero : it->second;
+    slots.push_back(a.sum);
+    slots.push_back(a.weight);
+    push_int64(slots, a.count);
   }
   all_reduce_doubles(slots, options);
   ReducedMetrics r;
-  size_t i = 0;
-  for (const auto& [name, a] : metrics_) {
-    const double* s = &slots[4 * i++];
-    r.entries_[name] = make_entry(a.kind, s[0], s[1], pop_int64(s + 2));
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const double* s = &slots[4 * i];
+    r.entries_[layout[i].first] = make_entry(layout[i].second, s[0], s[1], pop_int64(s + 2));
   }
   return r;
 }

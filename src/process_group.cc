@@ -61,9 +61,32 @@ std::string ProcessGroupImpl::describe(const std::string& op,
 
 }  // namespace detail
 
+namespace detail {
+namespace {
+std::mutex g_live_mu;
+std::vector<ProcessGroupImpl*> g_live;  // guarded by g_live_mu
+}  // namespace
+
+void publish_fatal_to_groups(const std::string& message) noexcept {
+  std::unique_lock<std::mutex> lock(g_live_mu, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  for (ProcessGroupImpl* g : g_live) {
+    if (g->monitor) g->monitor->publish_fatal(fmt::format("rank {}: {}", g->rank, message));
+  }
+}
+}  // namespace detail
+
 ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl)
-    : impl_(std::move(impl)) {}
+    : impl_(std::move(impl)) {
+  std::lock_guard<std::mutex> lock(detail::g_live_mu);
+  detail::g_live.push_back(impl_.get());
+}
 ProcessGroup::~ProcessGroup() {
+  {
+    std::lock_guard<std::mutex> lock(detail::g_live_mu);
+    auto& live = detail::g_live;
+    live.erase(std::remove(live.begin(), live.end(), impl_.get()), live.end());
+  }
   // After a failed collective a Gloo worker thread may still be blocked:
   // on an operation past ddp's per-call timeout, or sending to a peer that
   // is gone or cut off (waitSend). Destroying the backend joins those

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -13,6 +14,7 @@
 #include "collective_monitor.h"
 #include "compat/torch_compat.h"
 #include "ddp/collectives.h"
+#include "ddp/error.h"
 #include "ddp/process_group.h"
 
 namespace ddp::detail {
@@ -46,6 +48,12 @@ struct ProcessGroupImpl {
   std::string describe(const std::string& op, uint64_t seq) const;
 };
 
+// Note [Last words]: leaves `message` in the store of every live group of
+// this process ("rank R: message"), for the ranks that will see this one's
+// connections close (CollectiveMonitor::fatal_notes). Called by the
+// terminate handler (error_file.cc); best effort, never blocks on a lock.
+void publish_fatal_to_groups(const std::string& message) noexcept;
+
 // State of one started operation (see ddp::Work).
 struct WorkImpl {
   ProcessGroupPtr group;                // kept alive while the work runs
@@ -65,6 +73,7 @@ struct WorkImpl {
  private:
   void wait_with_stall_reports();
   std::string with_stall_report(const std::string& message) const;
+  std::exception_ptr with_last_words(const CommError& e) const;
 };
 
 // Starts a c10d operation: resolves the group and timeout from `options`,

@@ -7,7 +7,9 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <iostream>
+#include <iterator>
 #include <unordered_set>
 
 #include "ddp/error.h"
@@ -60,6 +62,10 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs,
         "ranks are out of step. Destroy the process group and restart (or "
         "resume from a checkpoint)");
   }
+  // A synchronised forward still waiting for its backward: this one's
+  // backward may go through both (Note [Reducer protocol]).
+  const bool pending = expect_hooks_;
+  std::vector<size_t> earlier_unreachable = std::move(unreachable_);
   reset_iteration();
   if (options_.find_unused_parameters) {
     if (!outputs_known) {
@@ -70,7 +76,16 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs,
           "in your output type's namespace");
     }
     unreachable_ = unreachable_from(outputs);
+    if (pending) {
+      std::vector<size_t> both;
+      std::set_intersection(unreachable_.begin(), unreachable_.end(),
+                            earlier_unreachable.begin(), earlier_unreachable.end(),
+                            std::back_inserter(both));
+      unreachable_ = std::move(both);
+    }
   }
+  hook_outputs(outputs_known ? outputs : std::vector<at::Tensor>{});
+  mode_ = Mode::kSync;
   expect_hooks_ = true;
   finalized_ = false;
   timing_->backward_start = Timing::Clock::now();
@@ -80,6 +95,73 @@ void Reducer::forward_without_sync() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!(expect_hooks_ && first_hook_seen_)) expect_hooks_ = false;
   finalized_ = false;
+  mode_ = Mode::kLocal;
+}
+
+void Reducer::set_sync_requested(bool requested) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sync_requested_ = requested;
+}
+
+// A hook on each output of a synchronised forward counts the gradients that
+// reach it, which tells a second backward through this forward from a
+// backward through a graph the wrapper never saw. Leaves are skipped: a
+// hook on a leaf (a parameter returned as is) would stay on it for good.
+void Reducer::hook_outputs(const std::vector<at::Tensor>& outputs) {
+  outputs_hooked_ = false;
+  std::weak_ptr<Reducer> self = weak_from_this();
+  for (const at::Tensor& t : outputs) {
+    if (!t.defined() || !t.requires_grad() || !t.grad_fn()) continue;
+    at::Tensor out = t;
+    out.register_hook([self](at::Tensor) {
+      if (auto r = self.lock()) r->output_grad_seen();
+    });
+    outputs_hooked_ = true;
+  }
+}
+
+void Reducer::output_grad_seen() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++output_grads_;
+}
+
+void Reducer::unexpected_gradient(size_t index) {
+  const std::string& name = params_[index].name;
+  if (mode_ == Mode::kLocal) {  // a no_sync micro-step: accumulate only
+    used_since_sync_[index] = 1;
+    if (sync_requested_ && group_->impl().debug) {
+      throw InvalidArgument(fmt::format(
+          "DistributedDataParallel (debug mode): parameter '{}' got a gradient "
+          "from a forward that ran inside no_sync(), after the no_sync guard "
+          "ended. Whether gradients are synchronised is decided at forward (as "
+          "in PyTorch), so this backward only accumulates locally and an "
+          "optimizer step now would apply gradients that differ across ranks. "
+          "Run the forward of the synchronising micro-step outside the guard, "
+          "or keep the guard alive until after its backward",
+          name));
+    }
+    return;
+  }
+  if (finalized_ && outputs_hooked_ && output_grads_ > output_grads_at_finalize_) {
+    throw InvalidArgument(fmt::format(
+        "DistributedDataParallel: backward() ran twice for one forward "
+        "(parameter '{}' got a second gradient through the same forward's "
+        "outputs). Run forward again before each backward, or accumulate "
+        "inside no_sync()",
+        name));
+  }
+  throw InvalidArgument(fmt::format(
+      "DistributedDataParallel: parameter '{}' got a gradient from a backward "
+      "whose graph {}did not come from the wrapper's forward (for example "
+      "model.module()->forward(x)), so no gradient would be averaged and the "
+      "ranks would drift apart. Build the graph you backpropagate through by "
+      "calling the wrapper, model(x); for a backward that should stay local, "
+      "run that forward inside model.no_sync()",
+      name,
+      finalized_ && !outputs_hooked_
+          ? "(or a second backward of one forward: the outputs could not be "
+            "listed to tell) "
+          : ""));
 }
 
 std::vector<size_t> Reducer::unreachable_from(
@@ -112,14 +194,8 @@ std::vector<size_t> Reducer::unreachable_from(
 void Reducer::autograd_hook(size_t index) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!expect_hooks_) {
-    if (finalized_) {
-      throw InvalidArgument(fmt::format(
-          "DistributedDataParallel: backward() ran twice for one forward "
-          "(parameter '{}' got a second gradient). Run forward again before "
-          "each backward, or accumulate inside no_sync()",
-          params_[index].name));
-    }
-    return;  // no_sync, or a graph that did not come from our forward
+    unexpected_gradient(index);
+    return;
   }
   if (!first_hook_seen_) {
     first_hook_seen_ = true;
@@ -143,6 +219,8 @@ void Reducer::autograd_hook(size_t index) {
 }
 
 void Reducer::mark_ready(size_t index, bool produced) {
+  // Accumulated in no_sync micro-steps: this rank's contribution.
+  produced = produced || used_since_sync_[index];
   Param& p = params_[index];
   Bucket& b = buckets_[p.bucket];
   at::Tensor& view = b.views[p.slot];
@@ -247,6 +325,8 @@ void Reducer::finalize_backward() {
     }
   }
   ++iterations_;
+  output_grads_at_finalize_ = output_grads_;
+  std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
   check_unused(counts);
 }
 

@@ -20,6 +20,21 @@
 //      their .grad() if defined, zero otherwise), so every rank issues every
 //      bucket's all_reduce and no rank can hang on another's missing bucket.
 //      It waits for all buckets and writes the averages back to .grad().
+// Micro-steps under no_sync() (a forward while gradient sync is off) only
+// accumulate into .grad(); the reducer records which parameters got a
+// gradient in them (used_since_sync_). At the next synchronised backward
+// such a parameter counts as produced by this rank even if the last
+// micro-step did not use it: its accumulated .grad() is its contribution,
+// so every rank ends with the average (as PyTorch's local_used_map).
+// Two synchronised forwards before one backward: with
+// find_unused_parameters the parameters reachable from either forward's
+// outputs are expected (the sets are joined), so a backward through both
+// is reduced correctly.
+// Every backward must come from a forward of the wrapper: a gradient that
+// arrives when no forward of ours is waiting for its backward is either a
+// second backward of one forward (an output of that forward saw a gradient
+// again: hooks on the outputs tell) or a graph built without the wrapper
+// (module()->forward()), and raises naming which.
 // Each bucket's flat buffer carries, after the gradients, one slot per
 // parameter holding 1 where this rank produced the gradient. After the
 // all_reduce the slot counts the ranks that did: 0 means unused everywhere
@@ -76,8 +91,13 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // be listed, which is then an error).
   void prepare_for_backward(const std::vector<at::Tensor>& outputs,
                             bool outputs_known);
-  // At the end of a forward that will not synchronise (no_sync, no grad).
+  // At the end of a forward under no_sync() with gradients enabled: its
+  // backward accumulates locally. (A forward without grad mode builds no
+  // graph and is not reported.)
   void forward_without_sync();
+  // NoSyncGuard: whether gradient sync is requested now (false inside the
+  // guard). Debug mode checks it when a no_sync forward's backward runs.
+  void set_sync_requested(bool requested);
 
   void fill_stats(DdpStats& stats) const;
 
@@ -100,6 +120,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void build_buckets(const std::vector<size_t>& order);
 
   void autograd_hook(size_t index);
+  // A gradient arrived with no synchronised backward expected: local
+  // accumulation (no_sync), or one of the errors of Note [Reducer protocol].
+  void unexpected_gradient(size_t index);
+  void hook_outputs(const std::vector<at::Tensor>& outputs);
+  void output_grad_seen();
   void mark_ready(size_t index, bool produced);
   void launch_ready_buckets();
   void launch(size_t bucket);
@@ -128,6 +153,14 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   mutable std::mutex mu_;
   // Per-iteration state (guarded by mu_).
   bool expect_hooks_ = false;      // prepared, backward not finished
+  // The last forward with gradients: none yet, synchronised, or no_sync.
+  enum class Mode { kNone, kSync, kLocal } mode_ = Mode::kNone;
+  bool sync_requested_ = true;     // set_sync_requested()
+  std::vector<char> used_since_sync_;  // per parameter: no_sync micro-steps
+  // Gradients seen at the outputs of synchronised forwards (hook_outputs),
+  // and their number when the last synchronised backward finished.
+  uint64_t output_grads_ = 0, output_grads_at_finalize_ = 0;
+  bool outputs_hooked_ = false;    // the last synchronised forward's outputs
   bool finalized_ = false;         // a backward finished since the forward
   bool first_hook_seen_ = false;
   size_t next_launch_ = 0;         // next bucket to all_reduce

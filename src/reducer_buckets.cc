@@ -64,6 +64,7 @@ Reducer::Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
     params_[i].tensor = std::move(params[i]);
   }
   ready_.assign(params_.size(), 0);
+  used_since_sync_.assign(params_.size(), 0);
   // Reverse registration order approximates the order gradients become
   // ready (the last layer's first).
   std::vector<size_t> order(params_.size());

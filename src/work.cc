@@ -127,6 +127,20 @@ void WorkImpl::wait_with_stall_reports() {
   }
 }
 
+// A peer's connection closed: if it left last words before dying (Note
+// [Last words]), they name the cause; ranks out of step are a MismatchError
+// here too, so every rank reports the same thing.
+std::exception_ptr WorkImpl::with_last_words(const CommError& e) const {
+  CollectiveMonitor* monitor = group->impl().monitor.get();
+  std::string notes = monitor ? monitor->fatal_notes(std::chrono::milliseconds(1500)) : "";
+  if (notes.empty()) return std::make_exception_ptr(e);
+  if (notes.find("the ranks are out of step") != std::string::npos) {
+    return std::make_exception_ptr(MismatchError(fmt::format(
+        "{} failed because another rank failed first: {}", what, notes)));
+  }
+  return std::make_exception_ptr(CommError(fmt::format("{}. It failed first: {}", e.what(), notes)));
+}
+
 // A backend timeout, with who had not arrived (when not already said).
 std::string WorkImpl::with_stall_report(const std::string& message) const {
   CollectiveMonitor* monitor = group->impl().monitor.get();
@@ -147,9 +161,9 @@ void WorkImpl::wait() {
       } catch (const TimeoutError& e) {
         group->impl().abandoned_work = true;
         error = std::make_exception_ptr(TimeoutError(with_stall_report(e.what())));
-      } catch (const CommError&) {
+      } catch (const CommError& e) {
         group->impl().abandoned_work = true;
-        error = std::current_exception();
+        error = with_last_words(e);
       } catch (...) {
         error = std::current_exception();
       }

@@ -48,7 +48,8 @@ Data make_data(int world, int steps = kSteps, int64_t in = 8) {
 template <typename Net, typename Fwd>
 std::vector<std::pair<std::string, at::Tensor>> train_reference(Net model, const Data& d,
                                                                 int world, Fwd fwd) {
-  torch::optim::SGD opt(model->parameters(), kLr);
+  // Each tensor once (a tied weight too), as Python's parameters().
+  torch::optim::SGD opt(detail::unique_parameters(*model.ptr(), true), kLr);
   for (int s = 0; s < kSteps; ++s) {
     opt.zero_grad();
     std::vector<at::Tensor> outs;

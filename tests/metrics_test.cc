@@ -153,6 +153,33 @@ TEST(Metrics, ADifferentNumberOfMetricsIsAMismatchOnEveryRank) {
             std::string::npos) << message_of(errors[1]);
 }
 
+TEST(Metrics, ARankThatAddedNothingContributesZeros) {
+  // Rank 1's shard was empty: it added no metric at all.
+  for (int world : {2, 3}) {
+    std::vector<ReducedMetrics> results(world);
+    run_ranks(world, [&](int r) {
+      Metrics m;
+      if (r != 1) {
+        m.add_mean("loss", 2.0 + r, 4);
+        m.add_count("correct", 3);
+        m.add_sum("batches", 1);
+      }
+      results[r] = m.reduce();
+    });
+    for (int r = 0; r < world; ++r) {
+      const ReducedMetrics& got = results[r];
+      ASSERT_EQ(got.entries().size(), 3u) << "rank " << r;
+      const int others = world - 1;
+      double loss = world == 2 ? 2.0 : (2.0 * 4 + 4.0 * 4) / 8;
+      EXPECT_DOUBLE_EQ(got.value("loss"), loss) << "rank " << r;
+      EXPECT_EQ(got.count("correct"), 3 * others) << "rank " << r;
+      EXPECT_DOUBLE_EQ(got.value("batches"), others) << "rank " << r;
+    }
+  }
+  // Every rank empty: an empty result, no error.
+  run_ranks(2, [](int) { EXPECT_TRUE(Metrics().reduce().entries().empty()); });
+}
+
 TEST(Metrics, AddingANameWithAnotherKindThrows) {
   Metrics m;
   m.add_mean("loss", 1.0);

@@ -334,5 +334,38 @@ TEST(ProcessGroupProcesses, UncaughtErrorShowsInPythonTorchrunsSummary) {
   EXPECT_TRUE(has(r.output, "error_file:")) << r.output;
 }
 
+// Ranks whose collectives differ in size: Gloo terminates the rank that
+// receives too much, from its transport thread. That rank says why (log and
+// error file), and leaves it in the store for the others (Note [Last
+// words]), which raise MismatchError with the same explanation.
+TEST(ProcessGroupProcesses, RanksOutOfStepSaySoOnEveryRank) {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back({{"env://", "-1", "-1", "30000", "mismatch", "gloo", "20000"},
+                     {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                      "MASTER_PORT=" + port,
+                      "TORCHELASTIC_ERROR_FILE=" + dir.path() + "/error" + std::to_string(r)}});
+  }
+  auto results = run_ranks(ranks, 60);
+  int aborted = 0;
+  for (int r = 0; r < 2; ++r) {
+    const std::string& out = results[r].output;
+    EXPECT_TRUE(has(out, "the ranks are out of step")) << "rank " << r << ":\n" << out;
+    EXPECT_TRUE(has(out, "ddp::join")) << out;
+    EXPECT_TRUE(has(out, "DDP_DEBUG=1")) << out;
+    if (results[r].exit_code == -1) {
+      ++aborted;
+      std::ifstream in(dir.path() + "/error" + std::to_string(r));
+      std::string json((std::istreambuf_iterator<char>(in)), {});
+      EXPECT_TRUE(has(json, "ddp::MismatchError: the ranks are out of step")) << json;
+    } else {
+      EXPECT_EQ(results[r].exit_code, 6) << "a survivor raises MismatchError:\n" << out;
+    }
+  }
+  EXPECT_GE(aborted, 1);
+}
+
 }  // namespace
 }  // namespace ddp

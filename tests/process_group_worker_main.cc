@@ -11,12 +11,15 @@
 //              collective_timeout_ms when given); prints "sum X"
 //   exit       leaves at once without a collective (a rank that crashed)
 //   sleep      sleeps 60 s without taking part (a rank that hangs)
+//   mismatch   all_reduce of 1000 floats on rank 0 and 3 on the others:
+//              ranks out of step (Gloo terminates the receiving process)
 //   uncaught   throws ddp::InvalidArgument("rank R: deliberate uncaught
 //              error") out of main(): the terminate handler installed by
 //              init_process_group writes TORCHELASTIC_ERROR_FILE, then aborts
 // then, for allreduce, a barrier and destroy_process_group().
 // Errors go to stderr as "error <Type>: <message>"; the exit code says the
-// type: 2 InvalidArgument, 3 TimeoutError, 4 CommError, 5 other.
+// type: 2 InvalidArgument, 3 TimeoutError, 4 CommError, 5 other,
+// 6 MismatchError.
 #include <ATen/ops/full.h>
 
 #include <chrono>
@@ -69,7 +72,8 @@ int run(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::seconds(60));
     return 0;
   }
-  at::Tensor t = at::full({4}, static_cast<double>(rank + 1), at::kFloat);
+  const int64_t n = action == "mismatch" ? (rank == 0 ? 1000 : 3) : 4;
+  at::Tensor t = at::full({n}, static_cast<double>(rank + 1), at::kFloat);
   ddp::all_reduce(t, ddp::ReduceOp::SUM, collective);
   std::printf("sum %g\n", t[0].item<double>());
   std::fflush(stdout);
@@ -90,6 +94,8 @@ int main(int argc, char** argv) {
     return fail("TimeoutError", 3, e);
   } catch (const ddp::CommError& e) {
     return fail("CommError", 4, e);
+  } catch (const ddp::MismatchError& e) {
+    return fail("MismatchError", 6, e);
   } catch (const std::exception& e) {
     return fail("other", 5, e);
   }

@@ -27,7 +27,17 @@
 //   - with find_unused_parameters, parameters reachable from the outputs but
 //     not from the loss are handled too (PyTorch raises);
 //   - the model is not a submodule of the wrapper: module() is the model and
-//     its parameter names carry no "module." prefix.
+//     its parameter names carry no "module." prefix;
+//   - every backward must come from the wrapper's forward: a graph built
+//     with module()->forward() raises instead of silently skipping the
+//     reduction, and so does a model changed after wrapping (a parameter
+//     added, removed, replaced, reshaped, or its requires_grad flipped);
+//   - a parameter that got gradients only in no_sync micro-steps is averaged
+//     like the others, with or without find_unused_parameters; two
+//     synchronised forwards followed by one backward through both are
+//     reduced correctly with find_unused_parameters (PyTorch raises);
+//   - sparse gradients (Embedding/EmbeddingBag with sparse=true) are refused
+//     at construction (PyTorch reduces them separately).
 //
 // Threading: one DistributedDataParallel is driven by one thread at a time
 // (forward, then backward, which may run hooks on autograd's threads).
@@ -74,6 +84,8 @@ struct DistributedDataParallelOptions {
   bool gradient_as_bucket_view = false;
   // Not supported yet: true throws InvalidArgument at construction.
   bool static_graph = false;
+  // (Debug mode, DDP_DEBUG=1 or InitOptions::debug_collectives, also checks
+  // no_sync's rule: see NoSyncGuard.)
   // Verify the model across ranks and broadcast rank 0's parameters and
   // buffers at construction. false skips both (PyTorch 2.x: init_sync).
   bool init_sync = true;
@@ -163,7 +175,13 @@ void post_forward(DdpCore& core, const std::vector<at::Tensor>& outputs,
 bool wants_outputs(const DdpCore& core);
 void set_grad_sync(DdpCore& core, bool enabled);
 bool grad_sync(const DdpCore& core);
+void sync_buffers(DdpCore& core);
 DdpStats stats(const DdpCore& core);
+// Parameters deduplicated by identity (a tied tensor once, under its first
+// name), as Python's Module.parameters() / named_parameters().
+std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module, bool recurse);
+torch::OrderedDict<std::string, at::Tensor> unique_named_parameters(
+    const torch::nn::Module& module, bool recurse);
 
 template <typename M>
 std::shared_ptr<torch::nn::Module> module_ptr(const M& m) {
@@ -202,10 +220,25 @@ void collect_tensors(const std::optional<T>& o, std::vector<at::Tensor>& into) {
   if (o) detail::try_collect_tensors(*o, into);
 }
 
-// Scope guard returned by DistributedDataParallel::no_sync(): while it lives,
-// backward() accumulates gradients locally without communication; the first
-// backward() after it ends averages the accumulated sums. K micro-batches of
-// B with no_sync on the first K-1 equal one step of K*B.
+// Scope guard returned by DistributedDataParallel::no_sync(): gradient
+// accumulation without communication. K micro-batches of B with no_sync on
+// the first K-1 equal one step of K*B.
+//
+// The rule (PyTorch's): whether a micro-step synchronises is decided by its
+// FORWARD. A forward run while a guard lives builds a graph whose backward
+// only accumulates into .grad(), wherever that backward runs; a forward run
+// with no guard alive builds one whose backward averages everything
+// accumulated since the last synchronised backward. So
+//   for (int k = 0; k < K - 1; ++k) {
+//     auto guard = model.no_sync();
+//     loss_fn(model(x[k]), y[k]).backward();   // local
+//   }
+//   loss_fn(model(x[K - 1]), y[K - 1]).backward();  // averages all K
+//   opt.step();
+// The classic mistake is the forward of the last micro-step inside the
+// guard and its backward after it: nothing is averaged and opt.step()
+// applies gradients that differ across ranks. Debug mode (DDP_DEBUG=1)
+// raises InvalidArgument at that backward, naming the rule.
 class NoSyncGuard {
  public:
   explicit NoSyncGuard(std::shared_ptr<detail::DdpCore> core);
@@ -231,9 +264,14 @@ class NoSyncGuard {
 //   InvalidArgument  for bad options (bucket sizes <= 0, static_graph,
 //                    several device_ids, parameters on several devices);
 //   TimeoutError / CommError as the collectives (collectives.h).
+// construction also throws InvalidArgument for a parameter with sparse
+// gradients (Embedding/EmbeddingBag with sparse=true), naming it.
+// forward() throws InvalidArgument when the model changed after wrapping,
+// naming the parameter (wrap the changed model again).
 // backward() throws InvalidArgument on every rank, naming each parameter,
-// when parameters got no gradient and find_unused_parameters is false, and
-// when backward() runs twice for one forward.
+// when parameters got no gradient and find_unused_parameters is false; and,
+// naming the parameter, when backward() runs twice for one forward or on a
+// graph that did not come from the wrapper's forward (module()->forward()).
 template <typename ModuleType>
 class DistributedDataParallel {
  public:
@@ -267,16 +305,30 @@ class DistributedDataParallel {
   ModuleType& module() { return module_; }
   const ModuleType& module() const { return module_; }
 
-  // Pass-throughs to the model, for optimizers and state handling.
+  // The model's parameters for an optimizer, each tensor once: a tied
+  // weight registered under two names appears under its first name only, as
+  // in Python (libtorch's Module::parameters() lists it twice, and an
+  // optimizer would then step it twice).
   std::vector<at::Tensor> parameters(bool recurse = true) const {
-    return detail::module_ptr(module_)->parameters(recurse);
+    return detail::unique_parameters(*detail::module_ptr(module_), recurse);
   }
   torch::OrderedDict<std::string, at::Tensor> named_parameters(bool recurse = true) const {
-    return detail::module_ptr(module_)->named_parameters(recurse);
+    return detail::unique_named_parameters(*detail::module_ptr(module_), recurse);
   }
   torch::OrderedDict<std::string, at::Tensor> named_buffers(bool recurse = true) const {
     return detail::module_ptr(module_)->named_buffers(recurse);
   }
+  // Python's model.zero_grad(): gradients set to undefined (set_to_none,
+  // PyTorch 2.x's default) or zeroed in place.
+  void zero_grad(bool set_to_none = true) {
+    detail::module_ptr(module_)->zero_grad(set_to_none);
+  }
+  // Collective: broadcasts rank 0's buffers (BatchNorm running statistics)
+  // to every rank now, e.g. before evaluating or saving on one rank (the
+  // wrapper otherwise syncs them at the next training forward). Under
+  // ddp::join, the highest rank still training is the source. No-op without
+  // buffers or at world size 1. Errors as the collectives.
+  void sync_buffers() { detail::sync_buffers(*core_); }
   void train(bool on = true) { detail::module_ptr(module_)->train(on); }
   void eval() { train(false); }
   bool is_training() const { return detail::module_ptr(module_)->is_training(); }

@@ -104,10 +104,11 @@ class ReducedMetrics {
 
 // Accumulates named metrics on one rank and reduces them across ranks in a
 // single all_reduce of values (after a 4-value layout check). Names are kept
-// sorted, so ranks may add them in any order, but every rank must have added
-// the same names with the same kinds before reduce() (add a zero, e.g.
-// add_mean(name, 0, 0), on a rank that saw no data). A name keeps the kind it was first added with; adding it with
-// another kind throws InvalidArgument naming both.
+// sorted, so ranks may add them in any order, but every rank that added
+// metrics must have added the same names with the same kinds before
+// reduce(). A rank that added nothing at all (an empty shard) contributes
+// zeros to every metric the others added. A name keeps the kind it was first
+// added with; adding it with another kind throws InvalidArgument naming both.
 // Not thread-safe: one Metrics per thread, or lock around it.
 class Metrics {
  public:
@@ -123,11 +124,12 @@ class Metrics {
   // This rank's own values, not reduced (no communication).
   ReducedMetrics local() const;
 
-  // Collective. Reduces every metric over the group: one all_reduce of 4
+  // Collective. Reduces every metric over the group: one all_reduce of 5
   // doubles that checks the ranks agree on the metrics (their number, and a
-  // 16-bit hash of names and kinds), then one all_reduce of 4 doubles per
-  // metric with all the values. Does not change the local accumulation
-  // (call reset() for the next epoch).
+  // 16-bit hash of names and kinds) and counts the ranks that added none
+  // (only then, an all_gather of the names, for those ranks), then one
+  // all_reduce of 4 doubles per metric with all the values. Does not change
+  // the local accumulation (call reset() for the next epoch).
   // Throws MismatchError on every rank when the ranks' metrics differ (a
   // difference in names or kinds escapes the hash with probability 2^-16),
   // InvalidArgument for 65536 metrics or more, errors of all_reduce

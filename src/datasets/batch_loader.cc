@@ -10,13 +10,16 @@
 
 #include <chrono>
 
+#include "ddp/datasets/seeding.h"
 #include "ddp/error.h"
+#include "ddp/process_group.h"
 
 namespace ddp {
 namespace datasets {
 namespace {
 
-void check_options(const BatchFetch& fetch, const BatchLoaderOptions& o) {
+template <typename Fetch>
+void check_options(const Fetch& fetch, const BatchLoaderOptions& o) {
   auto bad = [](const char* field, const std::string& want, const std::string& got) {
     throw InvalidArgument(fmt::format("BatchLoaderOptions::{} must be {}, got {}", field, want, got));
   };
@@ -27,11 +30,25 @@ void check_options(const BatchFetch& fetch, const BatchLoaderOptions& o) {
   if (!(o.timeout_s > 0)) bad("timeout_s", "> 0 seconds", fmt::format("{}", o.timeout_s));
 }
 
+BatchFetchRandom without_generator(BatchFetch fetch) {
+  if (!fetch) throw InvalidArgument("BatchLoader: the fetch function is empty");
+  return [fetch = std::move(fetch)](c10::ArrayRef<int64_t> i, at::Generator&) { return fetch(i); };
+}
+
 }  // namespace
 
 BatchLoader::BatchLoader(BatchFetch fetch, std::vector<int64_t> indices, BatchLoaderOptions options)
-    : fetch_(std::move(fetch)), indices_(std::move(indices)), options_(options) {
-  check_options(fetch_, options_);
+    : BatchLoader(without_generator(std::move(fetch)), std::move(indices), options) {}
+
+BatchLoader::BatchLoader(BatchFetchRandom fetch, std::vector<int64_t> indices,
+                         BatchLoaderOptions options)
+    : indices_(std::move(indices)), options_(options) {
+  check_options(fetch, options_);
+  if (options_.rank < 0) options_.rank = is_initialized() ? get_rank() : 0;
+  fetch_ = [fetch = std::move(fetch), o = options_](c10::ArrayRef<int64_t> i, int64_t k) {
+    at::Generator g = data_generator(o.seed, o.epoch, o.rank, k);
+    return fetch(i, g);
+  };
   const auto n = static_cast<int64_t>(indices_.size());
   num_batches_ = options_.drop_last ? n / options_.batch_size
                                     : (n + options_.batch_size - 1) / options_.batch_size;
@@ -63,7 +80,7 @@ BatchLoader::Result BatchLoader::make(int64_t k) {
   const int64_t end = std::min<int64_t>(begin + options_.batch_size, indices_.size());
   Result r;
   try {
-    r.batch = fetch_(c10::ArrayRef<int64_t>(indices_.data() + begin, end - begin));
+    r.batch = fetch_(c10::ArrayRef<int64_t>(indices_.data() + begin, end - begin), k);
   } catch (...) {
     r.error = std::current_exception();
   }

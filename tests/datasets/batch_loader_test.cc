@@ -4,6 +4,7 @@
 // option errors, and destruction mid-epoch (bounded: a hang fails the test).
 #include "ddp/datasets/batch_loader.h"
 
+#include <ATen/ops/rand.h>
 #include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include <stdexcept>
 
 #include "ddp/datasets/fashion_mnist.h"
+#include "ddp/datasets/seeding.h"
 #include "ddp/error.h"
 
 namespace ddp {
@@ -127,6 +129,50 @@ TEST_P(BatchLoaderWorkers, ErrorsAreRethrownInOrder) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, BatchLoaderWorkers, ::testing::Values(0, 1, 3));
+
+// A fetch with augmentation noise drawn from the batch's generator.
+Batch noisy(c10::ArrayRef<int64_t> idx, at::Generator& g) {
+  Batch b = echo(idx);
+  b.data = b.data + at::rand({static_cast<int64_t>(idx.size())}, g);
+  return b;
+}
+
+std::vector<at::Tensor> noise_of(int workers, int64_t epoch, int rank, uint64_t seed = 5) {
+  BatchLoaderOptions o;
+  o.batch_size = 4;
+  o.workers = workers;
+  o.seed = seed;
+  o.epoch = epoch;
+  o.rank = rank;
+  BatchLoader loader(noisy, shuffled(41), o);
+  std::vector<at::Tensor> out;
+  for (const Batch& b : drain(loader)) out.push_back(b.data - b.target.to(at::kFloat) / 2);
+  return out;
+}
+
+bool same(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].equal(b[i])) return false;
+  }
+  return true;
+}
+
+TEST(BatchLoaderTest, AugmentationRandomnessIsPerRankEpochAndBatchWhateverTheWorkers) {
+  const auto base = noise_of(0, 3, 1);
+  ASSERT_EQ(base.size(), 11u);
+  EXPECT_TRUE(same(base, noise_of(1, 3, 1)));  // any number of workers:
+  EXPECT_TRUE(same(base, noise_of(3, 3, 1)));  //   the same numbers
+  EXPECT_TRUE(same(base, noise_of(0, 3, 1)));  // reproducible
+  EXPECT_FALSE(same(base, noise_of(0, 3, 0)));  // another rank
+  EXPECT_FALSE(same(base, noise_of(0, 4, 1)));  // another epoch
+  EXPECT_FALSE(same(base, noise_of(0, 3, 1, 6)));  // another seed
+  EXPECT_FALSE(base[0].equal(base[1]));  // each batch its own stream
+  // The generator is data_generator(seed, epoch, rank, batch).
+  at::Generator g = data_generator(5, 3, 1, 0);
+  // (noise = (index + r) - index: r within float rounding)
+  EXPECT_TRUE(base[0].allclose(at::rand({4}, g), 0, 1e-5));
+}
 
 TEST(BatchLoaderTest, PrefetchWindowIsBounded) {
   // With 3 workers and prefetch_factor 2, batch k is only fetched once

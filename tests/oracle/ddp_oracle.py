@@ -7,7 +7,7 @@ DistributedDataParallel on `world` processes (gloo, CPU), and writes every
 rank-0 final state as JSON. Architectures and parameter names match
 tests/support/models.h.
 
-Usage: /usr/bin/python3 ddp_oracle.py IN.json OUT.json
+Usage: PYTHON ddp_oracle.py IN.json OUT.json   (PYTHON: the build's DDP_PYTHON)
 """
 import json
 import os
@@ -55,13 +55,33 @@ class Branchy(nn.Module):
         return self.head(h) + self.aux(h) if use_aux else self.head(h)
 
 
-MODELS = {"mlp": Mlp, "bncnn": BnCnn, "branchy": Branchy}
+class Tied(nn.Module):
+    """One weight used twice and registered twice: "w" and "sub.w_tied"."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8) * 0.3)
+        self.sub = nn.Module()
+        self.sub.w_tied = self.w
+        self.mid = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return (self.mid(torch.tanh(x @ self.w)) @ self.w.t())[:, :4]
+
+
+MODELS = {"mlp": Mlp, "bncnn": BnCnn, "branchy": Branchy, "tied": Tied}
 
 
 def load_state(model, state):
     with torch.no_grad():
         for name, t in list(model.named_parameters()) + list(model.named_buffers()):
             t.copy_(torch.tensor(state[name], dtype=t.dtype).view_as(t))
+
+
+def final_state(model):
+    # state_dict keeps every name of a tied tensor ("w" and "sub.w_tied"),
+    # as libtorch's named_parameters() does.
+    return {n: t.detach().reshape(-1).tolist() for n, t in model.state_dict().items()}
 
 
 def run_scenario(rank, world, sc):
@@ -85,22 +105,24 @@ def run_scenario(rank, world, sc):
                 ys = y[s, rank * b:(rank + 1) * b]
                 F.mse_loss(ddp(xs), ys).backward()
                 opt.step()
-        return {n: t.detach().reshape(-1).tolist() for n, t in
-                list(model.named_parameters()) + list(model.named_buffers())}
+        return final_state(model)
+    # aux_micro: the micro-step (of `accumulate`) in which aux_rank uses the
+    # aux head; -1: every micro-step.
+    aux_micro = sc.get("aux_micro", -1)
     for s in range(0, x.shape[0], acc):
         opt.zero_grad()
         for k in range(acc):
             xs = x[s + k, rank * b:(rank + 1) * b]
             ys = y[s + k, rank * b:(rank + 1) * b]
-            args = (xs, rank == aux_rank) if sc["model"] == "branchy" else (xs,)
+            use_aux = rank == aux_rank and aux_micro in (-1, k)
+            args = (xs, use_aux) if sc["model"] == "branchy" else (xs,)
             if k + 1 < acc:
                 with ddp.no_sync():
                     (F.mse_loss(ddp(*args), ys) / acc).backward()
             else:
                 (F.mse_loss(ddp(*args), ys) / acc).backward()
         opt.step()
-    return {n: t.detach().reshape(-1).tolist() for n, t in
-            list(model.named_parameters()) + list(model.named_buffers())}
+    return final_state(model)
 
 
 def worker(rank, world, init_file, scenarios, out_path):

@@ -20,6 +20,7 @@
 // thread-safe (FashionMnist::get_batch is).
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <c10/util/ArrayRef.h>
 
 #include <condition_variable>
@@ -49,11 +50,23 @@ struct BatchLoaderOptions {
   // How long next() waits for a worker's batch, in seconds; > 0. Fetching a
   // batch from memory takes milliseconds: running out means a stuck fetch.
   double timeout_s = 300;
+  // For a fetch that takes a generator (BatchFetchRandom): batch k gets
+  // data_generator(seed, epoch, rank, k) (seeding.h), so augmentation is
+  // reproducible, independent of `workers`, and differs across ranks and
+  // epochs. rank -1: this process's rank in the default group (0 if none).
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  int rank = -1;
 };
 
 // Makes the batch of the given dataset indices; called with each batch's
 // slice of the index list, which stays valid during the call only.
 using BatchFetch = std::function<Batch(c10::ArrayRef<int64_t> indices)>;
+// The same, with the batch's own generator for random augmentation (see
+// BatchLoaderOptions::seed and seeding.h). Use only that generator for the
+// batch's randomness: the global one is shared by the worker threads.
+using BatchFetchRandom =
+    std::function<Batch(c10::ArrayRef<int64_t> indices, at::Generator& generator)>;
 
 class BatchLoader {
  public:
@@ -61,6 +74,7 @@ class BatchLoader {
   // an option out of range (naming the BatchLoaderOptions field) or an empty
   // fetch. Indices are not checked here: fetch checks them.
   BatchLoader(BatchFetch fetch, std::vector<int64_t> indices, BatchLoaderOptions options);
+  BatchLoader(BatchFetchRandom fetch, std::vector<int64_t> indices, BatchLoaderOptions options);
   // Stops and joins the workers (see above); never throws.
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
@@ -84,7 +98,8 @@ class BatchLoader {
   void worker_loop();
   void stop_and_join();
 
-  BatchFetch fetch_;
+  // Both kinds of fetch, as a function of the batch's number.
+  std::function<Batch(c10::ArrayRef<int64_t>, int64_t batch)> fetch_;
   std::vector<int64_t> indices_;
   BatchLoaderOptions options_;
   int64_t num_batches_ = 0;
