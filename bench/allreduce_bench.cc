@@ -25,13 +25,18 @@
 int main(int argc, char** argv) {
   CLI::App app{"allreduce-bench: raw all_reduce bandwidth of one flat float32 tensor"};
   int64_t bytes = 4 << 20;
-  int iters = 30, warmup = 5, gloo_threads = 2;
+  int iters = 30, warmup = 5, gloo_threads = 2, batch = 1;
   std::string out_json, device = "cpu", backend = "gloo";
   app.add_option("--bytes", bytes, "Tensor size in bytes (rounded down to floats)")
       ->capture_default_str();
   app.add_option("--iters", iters, "Timed all_reduces")->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed all_reduces first")->capture_default_str();
   app.add_option("--gloo-threads", gloo_threads, "Gloo worker threads")->capture_default_str();
+  app.add_option("--batch", batch,
+                 "All_reduces back to back per timed sample (time per all_reduce reported): "
+                 "1 measures one collective after a barrier (its latency, with the ranks' "
+                 "skew), more the steady rate, as DDP's buckets issue them")
+      ->capture_default_str();
   app.add_option("--out-json", out_json, "Rank 0 writes its result here (else stdout)");
   app.add_option("--device", device, "cpu, or cuda (cuda:LOCAL_RANK)")->capture_default_str();
   app.add_option("--backend", backend, "gloo or nccl")->capture_default_str();
@@ -49,10 +54,10 @@ int main(int argc, char** argv) {
     for (int i = 0; i < warmup + iters; ++i) {
       ddp::barrier();
       auto t0 = std::chrono::steady_clock::now();
-      ddp::all_reduce(t);
+      for (int b = 0; b < batch; ++b) ddp::all_reduce(t);
       if (dev.is_cuda()) torch::cuda::synchronize(dev.index());
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (i >= warmup) times.push_back(s);
+      if (i >= warmup) times.push_back(s / batch);
     }
     // Reference: one local copy of the same bytes (what a shared-memory
     // transport would move per rank and step, at best).
@@ -66,11 +71,14 @@ int main(int argc, char** argv) {
       if (i >= warmup) copies.push_back(s);
     }
     const int rank = ddp::get_rank(), world = ddp::get_world_size();
+    const int shm_ranks = ddp::default_group()->shared_memory_ranks();
     ddp::destroy_process_group();
     if (rank != 0) return 0;
     nlohmann::json out{{"impl", "ddp-cpp"}, {"mode", "allreduce"}, {"world_size", world},
                        {"bytes", t.numel() * 4}, {"gloo_threads", gloo_threads},
+                       {"batch", batch},
                        {"device", device}, {"backend", backend},
+                       {"path", shm_ranks > 0 ? "shared-memory" : backend},
                        {"time_s", ddp::bench::summarize(times)},
                        {"copy_s", ddp::bench::summarize(copies)}};
     out["bandwidth_gb_s"] = t.numel() * 4 / out["time_s"]["median"].get<double>() / 1e9;

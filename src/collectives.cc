@@ -82,11 +82,12 @@ Work all_reduce_async(at::Tensor& tensor, ReduceOp op,
   check_tensor(tensor, "all_reduce", "tensor");
   check_avg(tensor, op, "all_reduce");
   std::vector<at::Tensor> tensors{tensor};
+  detail::ProcessGroupImpl& group = detail::resolve_group(options).impl();
   auto w = start_work(options, "all_reduce", [&](compat::Backend& b, milliseconds t) {
     c10d::AllreduceOptions o;
     o.reduceOp = to_c10d(op);
     o.timeout = t;
-    return b.allreduce(tensors, o);
+    return detail::backend_all_reduce(group, b, tensors, o);
   }, [&] { return fmt::format("all_reduce {} {}", to_string(op), detail::describe_tensors(tensors)); });
   if (op == ReduceOp::AVG) {
     int size = w->group->size();

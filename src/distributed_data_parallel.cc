@@ -300,11 +300,12 @@ NoSyncGuard::~NoSyncGuard() {
 
 std::string to_string(const DdpStats& s) {
   return fmt::format(
-      "ddp: {} iterations, world {}, {} params in {} buckets ({:.2f} MiB{}), "
+      "ddp: {} iterations, world {}, {} params in {} buckets ({:.2f} MiB{}{}), "
       "forward {:.2f} ms, backward compute {:.2f} ms, comm {:.2f} ms, exposed "
       "comm {:.2f} ms, buffer broadcast {:.2f} ms, unused {}",
       s.iterations, s.world_size, s.parameters, s.bucket_bytes.size(),
       s.gradient_bytes / double(1 << 20), s.buckets_rebuilt ? ", rebuilt" : "",
+      s.shared_memory_buckets > 0 ? ", in shared memory" : "",
       s.forward_s * 1e3, s.backward_compute_s * 1e3, s.backward_comm_s * 1e3,
       s.exposed_comm_s * 1e3, s.buffer_broadcast_s * 1e3, s.unused_parameters_last);
 }

@@ -7,11 +7,41 @@
 #include <mutex>
 
 #include "ddp/error.h"
+#include "ddp/logging.h"
 #include "process_group_impl.h"
 #include "rendezvous.h"
 
 namespace ddp {
 namespace {
+
+bool env_off(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return false;
+  const std::string s = v;
+  return s == "0" || s == "false" || s == "False" || s == "off" || s == "OFF" || s == "no";
+}
+
+// Note [Shared-memory all-reduce] (shm/shm_group.h), set up after the Gloo
+// backend. Every rank takes the same decision; rank 0 warns once when
+// co-located ranks cannot use it.
+void start_shared_memory(const InitOptions& o, const detail::Rendezvous& r,
+                         detail::ProcessGroupImpl& g) {
+  shm::ShmSetup s;
+  s.store = r.store;
+  s.rank = r.rank;
+  s.size = r.size;
+  s.timeout = o.timeout;
+  s.enabled = o.shared_memory && !env_off("DDP_SHM");
+  s.gloo_address = r.gloo_address;
+  s.gloo_threads = o.gloo_threads;
+  s.staging_bytes = o.shared_memory_staging_bytes;
+  g.shm = shm::ShmGroup::create(s, g.shm_off_reason);
+  if (!g.shm && r.rank == 0 && !g.shm_off_reason.empty() &&
+      g.shm_off_reason.find("disabled (") == std::string::npos) {
+    log(LogLevel::kWarning, "ddp: shared-memory all_reduce is off for this group (" +
+                                g.shm_off_reason + "); all_reduce goes through Gloo");
+  }
+}
 
 std::mutex g_default_mu;
 ProcessGroupPtr g_default;                 // guarded by g_default_mu
@@ -33,9 +63,10 @@ detail::MonitorOptions monitor_options(const InitOptions& options) {
     throw InvalidArgument(fmt::format("InitOptions::stall_warning must be > 0 (got {} ms)",
                                       m.warn_after.count()));
   }
-  // Fresh enough to explain a stall when it is reported, cheap otherwise.
-  m.publish_every = std::clamp(m.warn_after / 5, std::chrono::milliseconds(100),
-                               std::chrono::milliseconds(2000));
+  // Fresh enough to explain a stall when it is reported (at the warning or
+  // at the timeout, whichever comes first), cheap otherwise.
+  m.publish_every = std::clamp(std::min(m.warn_after, options.timeout) / 5,
+                               std::chrono::milliseconds(100), std::chrono::milliseconds(2000));
   auto env_is = [](const char* name, std::initializer_list<const char*> values) {
     const char* v = std::getenv(name);
     if (!v) return false;
@@ -75,6 +106,13 @@ void publish_fatal_to_groups(const std::string& message) noexcept {
   }
 }
 }  // namespace detail
+
+int ProcessGroup::shared_memory_ranks() const {
+  return impl_->shm ? impl_->shm->local_size() : 0;
+}
+const std::string& ProcessGroup::shared_memory_off_reason() const {
+  return impl_->shm_off_reason;
+}
 
 ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl)
     : impl_(std::move(impl)) {
@@ -141,6 +179,7 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
         r.rank, r.size, options.backend, r.address, r.gloo_address,
         compat::what_without_backtrace(e)));
   }
+  if (options.backend == "gloo") start_shared_memory(options, r, *impl);
   const detail::MonitorOptions monitoring = monitor_options(options);
   impl->debug = monitoring.debug;
   if (r.size > 1) {

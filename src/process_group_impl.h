@@ -13,6 +13,7 @@
 
 #include "collective_monitor.h"
 #include "compat/torch_compat.h"
+#include "shm/shm_group.h"
 #include "ddp/collectives.h"
 #include "ddp/error.h"
 #include "ddp/process_group.h"
@@ -31,6 +32,9 @@ struct ProcessGroupImpl {
   std::atomic<uint64_t> next_seq{0};
   // Stall inspector and debug-mode check (null for a group of one).
   std::unique_ptr<CollectiveMonitor> monitor;
+  // Intra-host shared-memory all_reduce (null: Gloo alone), and why not.
+  std::unique_ptr<shm::ShmGroup> shm;
+  std::string shm_off_reason;
   // Debug mode (InitOptions::debug_collectives, DDP_DEBUG=1,
   // TORCH_DISTRIBUTED_DEBUG=DETAIL), also for a group of one: the checks
   // of DistributedDataParallel's usage rules that cost time.
@@ -47,6 +51,14 @@ struct ProcessGroupImpl {
   // "all_reduce #12 on rank 1 of 2 (gloo)".
   std::string describe(const std::string& op, uint64_t seq) const;
 };
+
+// c10d's allreduce of `tensors`, through the group's shared memory when it
+// has it and the tensor qualifies (shm::ShmGroup::supports), else through
+// `backend`. The one entry point of every all_reduce (collectives, reducer).
+c10::intrusive_ptr<c10d::Work> backend_all_reduce(ProcessGroupImpl& group,
+                                                  compat::Backend& backend,
+                                                  std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& options);
 
 // Note [Last words]: leaves `message` in the store of every live group of
 // this process ("rank R: message"), for the ranks that will see this one's

@@ -286,7 +286,7 @@ void Reducer::start_all_reduce(size_t k) {
       [&](compat::Backend& backend, std::chrono::milliseconds t) {
         c10d::AllreduceOptions o;
         o.timeout = t;
-        return backend.allreduce(tensors, o);
+        return backend_all_reduce(group_->impl(), backend, tensors, o);
       },
       [&] { return "all_reduce SUM " + describe_tensors(tensors); }));
 }
@@ -299,7 +299,22 @@ void Reducer::shadow_backward() {
     start_all_reduce(k);
   }
   for (Bucket& b : buckets_) b.work.wait();
+  fence_shared_buckets();
   ++iterations_;
+}
+
+void Reducer::fence_shared_buckets() {
+  if (std::none_of(buckets_.begin(), buckets_.end(),
+                   [](const Bucket& b) { return b.in_shared_memory; })) {
+    return;
+  }
+  ProcessGroupImpl& g = group_->impl();
+  try {
+    g.shm->fence(options_.timeout.value_or(g.timeout));
+  } catch (...) {
+    rethrow_as_comm_error("DistributedDataParallel: waiting for the peers to finish reading "
+                          "the shared gradient buckets");
+  }
 }
 
 void Reducer::finalize_backward() {
@@ -339,6 +354,7 @@ void Reducer::wait_and_write_back(std::vector<float>& counts) {
     return;
   }
   for (Bucket& b : buckets_) b.work.wait();
+  fence_shared_buckets();
   for (Bucket& b : buckets_) {
     at::Tensor flags = b.flags.to(at::kCPU, at::kFloat).contiguous();
     const float* f = flags.data_ptr<float>();

@@ -118,6 +118,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
           ProcessGroupPtr group, ReducerOptions options);
   void install_hooks();
   void build_buckets(const std::vector<size_t>& order);
+  at::Tensor allocate_flat(int64_t numel, const at::TensorOptions& opts);
+  // Before gradients are written into buckets in shared memory again, the
+  // peers must be done reading them (ShmGroup::fence).
+  void fence_shared_buckets();
 
   void autograd_hook(size_t index);
   // A gradient arrived with no synchronised backward expected: local
@@ -173,6 +177,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   int64_t unused_last_ = 0;
   bool ever_unused_ = false;
   bool warned_never_unused_ = false;
+  bool shared_buckets_ = false;  // the last allocate_flat() gave shared memory
   std::unique_ptr<Timing> timing_;
 };
 

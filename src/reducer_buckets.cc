@@ -11,6 +11,7 @@
 
 #include "bucket_assignment.h"
 #include "ddp/error.h"
+#include "process_group_impl.h"
 #include "reducer_state.h"
 
 namespace ddp::detail {
@@ -96,6 +97,23 @@ Reducer::~Reducer() {
   }
 }
 
+// In the group's shared memory where it has some (Note [Shared-memory
+// all-reduce]): the gradients are then written straight into the buffer
+// the peers read, and the all_reduce copies nothing in.
+// Sets shared_buckets_ when the buffer is in shared memory.
+at::Tensor Reducer::allocate_flat(int64_t numel, const at::TensorOptions& opts) {
+  const auto& shm = group_->impl().shm;
+  shared_buckets_ = false;
+  if (shm && opts.device().is_cpu()) {
+    at::Tensor t = shm->allocate(numel, opts.dtype().toScalarType());
+    if (t.defined()) {
+      shared_buckets_ = true;
+      return t.zero_();
+    }
+  }
+  return at::zeros({numel}, opts);
+}
+
 void Reducer::build_buckets(const std::vector<size_t>& order) {
   std::vector<BucketParamInfo> info;
   for (const Param& p : params_) {
@@ -116,7 +134,8 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       bucket.grad_numel += params_[idx].tensor.numel();
     }
     const int64_t n = static_cast<int64_t>(bucket.params.size());
-    bucket.flat = at::zeros({bucket.grad_numel + n}, opts);
+    bucket.flat = allocate_flat(bucket.grad_numel + n, opts);
+    bucket.in_shared_memory = shared_buckets_;
     bucket.grads = bucket.flat.narrow(0, 0, bucket.grad_numel);
     bucket.flags = bucket.flat.narrow(0, bucket.grad_numel, n);
     bucket.produced.assign(bucket.params.size(), 0.0f);
@@ -169,11 +188,13 @@ void Reducer::fill_stats(DdpStats& s) const {
   s.bucket_bytes.clear();
   s.bucket_params.clear();
   s.gradient_bytes = 0;
+  s.shared_memory_buckets = 0;
   for (const Bucket& b : buckets_) {
     int64_t bytes = b.grad_numel * b.flat.element_size();
     s.bucket_bytes.push_back(bytes);
     s.bucket_params.push_back(static_cast<int64_t>(b.params.size()));
     s.gradient_bytes += bytes;
+    s.shared_memory_buckets += b.in_shared_memory ? 1 : 0;
   }
   s.iterations = iterations_;
   s.buckets_rebuilt = timing_->rebuilt;

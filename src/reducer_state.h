@@ -40,6 +40,7 @@ struct Reducer::Bucket {
   at::Tensor scale;               // 1 / world_size, in the bucket's dtype
   size_t pending = 0;             // parameters not ready yet
   Work work;                      // the in-flight all_reduce
+  bool in_shared_memory = false;  // flat lives in the group's shared memory
 };
 
 struct Reducer::Timing {

@@ -30,6 +30,9 @@ void rethrow_as_comm_error(const std::string& what) {
     throw;
   } catch (const std::exception& e) {
     std::string msg = compat::what_without_backtrace(e);
+    if (msg.find("the ranks are out of step") != std::string::npos) {
+      throw MismatchError(fmt::format("{} failed: {}", what, msg));  // shm/shm_protocol.cc
+    }
     if (contains_ci(msg, "timed out") || contains_ci(msg, "timeout")) {
       throw TimeoutError(fmt::format(
           "{} timed out: {}. A rank may have stopped, crashed, or skipped "
@@ -43,6 +46,17 @@ void rethrow_as_comm_error(const std::string& what) {
     }
     throw CommError(fmt::format("{} failed: {}{}", what, msg, hint));
   }
+}
+
+c10::intrusive_ptr<c10d::Work> backend_all_reduce(ProcessGroupImpl& group,
+                                                  compat::Backend& backend,
+                                                  std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& options) {
+  if (group.shm && tensors.size() == 1 &&
+      shm::ShmGroup::supports(tensors[0], options.reduceOp)) {
+    return group.shm->all_reduce(tensors[0], options.reduceOp, options.timeout);
+  }
+  return backend.allreduce(tensors, options);
 }
 
 ProcessGroupPtr resolve_group_ptr(const CollectiveOptions& options) {

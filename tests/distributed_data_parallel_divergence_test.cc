@@ -331,5 +331,20 @@ TEST(DdpWrapper, ZeroGradAndSyncBuffers) {
   });
 }
 
+// Note [Shared-memory all-reduce]: with co-located ranks the buckets live
+// in shared memory (gradients written where the peers read them), unless
+// DDP_SHM=0; the results are the same (the whole suite runs both ways).
+TEST(DdpWrapper, BucketsLiveInSharedMemoryUnlessItIsOff) {
+  const bool off = std::getenv("DDP_SHM") && std::string(std::getenv("DDP_SHM")) == "0";
+  run_ranks(2, [off](int r) {
+    Mlp net;
+    DistributedDataParallel<Mlp> model(net);
+    for (int i = 0; i < 3; ++i) model(torch::full({4, 8}, r + 1.0)).sum().backward();
+    const DdpStats s = model.stats();
+    EXPECT_EQ(s.shared_memory_buckets, off ? 0 : static_cast<int64_t>(s.bucket_bytes.size()));
+    EXPECT_EQ(default_group()->shared_memory_ranks(), off ? 0 : 2);
+  });
+}
+
 }  // namespace
 }  // namespace ddp::testing

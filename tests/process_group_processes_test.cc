@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <filesystem>
 #include <fstream>
+#include <thread>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -334,37 +336,101 @@ TEST(ProcessGroupProcesses, UncaughtErrorShowsInPythonTorchrunsSummary) {
   EXPECT_TRUE(has(r.output, "error_file:")) << r.output;
 }
 
-// Ranks whose collectives differ in size: Gloo terminates the rank that
-// receives too much, from its transport thread. That rank says why (log and
-// error file), and leaves it in the store for the others (Note [Last
-// words]), which raise MismatchError with the same explanation.
+// Ranks whose collectives differ in size. Over Gloo (DDP_SHM=0): Gloo
+// terminates the rank that receives too much, from its transport thread;
+// that rank says why (log and error file) and leaves it in the store for
+// the others (Note [Last words]), which raise MismatchError with the same
+// explanation. Over shared memory: every rank compares the operations and
+// raises MismatchError itself.
 TEST(ProcessGroupProcesses, RanksOutOfStepSaySoOnEveryRank) {
-  TempDir dir;
-  const std::string port = std::to_string(free_port());
-  std::vector<Rank> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.push_back({{"env://", "-1", "-1", "30000", "mismatch", "gloo", "20000"},
-                     {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
-                      "MASTER_PORT=" + port,
-                      "TORCHELASTIC_ERROR_FILE=" + dir.path() + "/error" + std::to_string(r)}});
-  }
-  auto results = run_ranks(ranks, 60);
-  int aborted = 0;
-  for (int r = 0; r < 2; ++r) {
-    const std::string& out = results[r].output;
-    EXPECT_TRUE(has(out, "the ranks are out of step")) << "rank " << r << ":\n" << out;
-    EXPECT_TRUE(has(out, "ddp::join")) << out;
-    EXPECT_TRUE(has(out, "DDP_DEBUG=1")) << out;
-    if (results[r].exit_code == -1) {
-      ++aborted;
-      std::ifstream in(dir.path() + "/error" + std::to_string(r));
-      std::string json((std::istreambuf_iterator<char>(in)), {});
-      EXPECT_TRUE(has(json, "ddp::MismatchError: the ranks are out of step")) << json;
-    } else {
-      EXPECT_EQ(results[r].exit_code, 6) << "a survivor raises MismatchError:\n" << out;
+  for (const std::string path : {"DDP_SHM=0", "DDP_SHM=1"}) {
+    TempDir dir;
+    const std::string port = std::to_string(free_port());
+    std::vector<Rank> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.push_back({{"env://", "-1", "-1", "30000", "mismatch", "gloo", "20000"},
+                       {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                        "MASTER_PORT=" + port, path,
+                        "TORCHELASTIC_ERROR_FILE=" + dir.path() + "/error" + std::to_string(r)}});
+    }
+    auto results = run_ranks(ranks, 60);
+    int aborted = 0;
+    for (int r = 0; r < 2; ++r) {
+      const std::string& out = results[r].output;
+      EXPECT_TRUE(has(out, "the ranks are out of step")) << path << " rank " << r << ":\n" << out;
+      EXPECT_TRUE(has(out, "ddp::join")) << out;
+      EXPECT_TRUE(has(out, "DDP_DEBUG=1")) << out;
+      if (results[r].exit_code == -1) {
+        ++aborted;
+        std::ifstream in(dir.path() + "/error" + std::to_string(r));
+        std::string json((std::istreambuf_iterator<char>(in)), {});
+        EXPECT_TRUE(has(json, "ddp::MismatchError: the ranks are out of step")) << json;
+      } else {
+        EXPECT_EQ(results[r].exit_code, 6) << path << ": MismatchError expected:\n" << out;
+      }
+    }
+    if (path == "DDP_SHM=0") EXPECT_GE(aborted, 1);
+    if (path == "DDP_SHM=1") {
+      EXPECT_EQ(aborted, 0);
+      EXPECT_TRUE(has(results[0].output, "rank 1 all_reduces 3 float32 elements (SUM) where "
+                                         "rank 0 (this one) all_reduces 1000"))
+          << results[0].output;
     }
   }
-  EXPECT_GE(aborted, 1);
+}
+
+// Names of this user's shared-memory segments created by `pid`.
+std::vector<std::string> segments_of(pid_t pid) {
+  std::vector<std::string> out;
+  const std::string mark = "-" + std::to_string(pid) + "-";
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ddp-", 0) == 0 && name.find(mark) != std::string::npos) out.push_back(name);
+  }
+  return out;
+}
+
+// Note [Shared memory lifetime] and the liveness check of Note
+// [Shared-memory all-reduce], with real processes on one host: nothing is in
+// /dev/shm once the group exists, and a rank SIGKILLed while its peers wait
+// for it in an all_reduce fails them at once (not at the 60 s timeout),
+// naming it.
+TEST(ProcessGroupProcesses, SharedMemoryPeerKilledMidCollectiveFailsTheOthersAtOnce) {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  std::vector<std::unique_ptr<Child>> children;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> argv = {kWorker, "env://", "-1", "-1", "60000",
+                                     r == 2 ? "sleep" : "allreduce", "gloo", "60000"};
+    children.push_back(std::make_unique<Child>(
+        argv,
+        clean_env({"RANK=" + std::to_string(r), "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1",
+                   "MASTER_PORT=" + port}),
+        dir.path() + "/out" + std::to_string(r)));
+  }
+  const auto joined = [&](int r) {
+    std::ifstream in(dir.path() + "/out" + std::to_string(r));
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    return has(text, "joined rank");
+  };
+  for (int i = 0; i < 600 && !(joined(0) && joined(1) && joined(2)); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(joined(0) && joined(1) && joined(2)) << "the ranks did not start";
+  for (const auto& c : children) {
+    EXPECT_TRUE(segments_of(c->pid()).empty()) << "segments still named in /dev/shm";
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // 0 and 1 wait in all_reduce
+  Stopwatch watch;
+  children[2]->wait(0);  // SIGKILL
+  for (int r = 0; r < 2; ++r) {
+    ChildResult res = children[r]->wait(60);
+    EXPECT_EQ(res.exit_code, 4) << "rank " << r << " should fail with CommError:\n" << res.output;
+    EXPECT_TRUE(has(res.output, "rank 2 (pid ")) << res.output;
+    EXPECT_TRUE(has(res.output, "exited while this collective was running")) << res.output;
+  }
+  EXPECT_LT(watch.seconds(), 15.0) << "the death of rank 2 must be seen, not waited out";
+  for (const auto& c : children) EXPECT_TRUE(segments_of(c->pid()).empty());
 }
 
 }  // namespace

@@ -140,6 +140,8 @@ class Child {
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
 
+  pid_t pid() const { return pid_; }
+
   // Waits up to timeout_s, then SIGKILLs the child's process group.
   ChildResult wait(double timeout_s) {
     ChildResult r;

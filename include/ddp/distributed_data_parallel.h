@@ -108,6 +108,8 @@ struct DdpStats {
   int64_t parameters = 0;               // reduced (requires_grad) parameters
   int64_t gradient_bytes = 0;           // bytes all-reduced per iteration
   bool buckets_rebuilt = false;         // rebuilt in gradient-ready order
+  int64_t shared_memory_buckets = 0;    // buckets living in the group's shared
+                                        // memory (reduced in place, no copy)
   int64_t unused_parameters_last = 0;   // unused in the last iteration
   double forward_s = 0;                 // forward wall time
   double backward_compute_s = 0;        // end of forward -> last grad ready

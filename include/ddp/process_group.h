@@ -79,6 +79,19 @@ struct InitOptions {
   // if set (an interface name, as in PyTorch), else the local address that
   // routes to MASTER_ADDR (127.0.0.1 for a loopback master).
   std::string gloo_address;
+  // Gloo backend, CPU tensors: ranks that share a host all_reduce through
+  // shared memory instead of Gloo's loopback TCP (ranks on other hosts: a
+  // shared-memory reduce on each host, Gloo among the hosts' lowest ranks,
+  // a shared-memory broadcast back). Results equal Gloo's within float
+  // rounding and are bitwise identical on every rank. false, or DDP_SHM=0 in
+  // the environment, turns it off. Where /dev/shm cannot be used (missing,
+  // too small: Docker's default 64 MiB), every rank falls back to Gloo and
+  // rank 0 logs one warning naming the reason. See
+  // ProcessGroup::shared_memory_ranks() and docs/shared_memory.md.
+  bool shared_memory = true;
+  // Bytes of each rank's shared staging buffer (larger all_reduces go in
+  // chunks); 0: 32 MiB, less when /dev/shm is small.
+  size_t shared_memory_staging_bytes = 0;
 };
 
 // A set of ranks and a communication backend. Created by init_process_group()
@@ -98,6 +111,11 @@ class ProcessGroup {
   std::chrono::milliseconds timeout() const;
   // Address of the rendezvous, for messages ("127.0.0.1:29500", a path...).
   const std::string& address() const;
+  // Ranks of this host whose all_reduce goes through shared memory
+  // (including this one), or 0 when this group uses Gloo alone; and why it
+  // does ("" when shared memory is on or no two ranks share a host).
+  int shared_memory_ranks() const;
+  const std::string& shared_memory_off_reason() const;
 
   // Implementation access for ddp's own code (collectives, the reducer).
   detail::ProcessGroupImpl& impl() const { return *impl_; }

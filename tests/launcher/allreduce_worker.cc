@@ -5,7 +5,10 @@
 // timeout of each all_reduce in ms. With ALLREDUCE_WORKER_PRINT_LISTENING=1
 // it also prints, once joined, every TCP socket this process listens on
 // ("listening loopback|NOT-LOOPBACK <hex address>").
+#include <ATen/ops/arange.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/sin.h>
+#include <ATen/ops/zeros.h>
 #include <dirent.h>
 #include <unistd.h>
 
@@ -80,6 +83,9 @@ int main(int argc, char** argv) {
     collective.timeout = std::chrono::milliseconds(timeout_ms);
     const int rank = ddp::get_rank();
     const int world = ddp::get_world_size();
+    // Which path all_reduce takes (Note [Shared-memory all-reduce]).
+    std::printf("rank %d shared memory ranks %d\n", rank,
+                ddp::default_group()->shared_memory_ranks());
     const float expected = world * (world + 1) / 2.0f;
     for (int step = 1; step <= steps; ++step) {
       at::Tensor t = at::ones({4}) * static_cast<float>(rank + 1);
@@ -88,6 +94,18 @@ int main(int argc, char** argv) {
       if (got != expected || t.max().item<float>() != expected) {
         std::fprintf(stderr, "rank %d step %d: all_reduce gave %f, expected %f\n", rank, step,
                      got, expected);
+        return 2;
+      }
+      // Arbitrary floats, 300001 of them (two-shot on each host, then among
+      // the hosts): the exact sum within rounding.
+      at::Tensor idx = at::arange(300001, at::kDouble);
+      at::Tensor mine = at::sin(idx * (rank + 1)).to(at::kFloat);
+      at::Tensor exact = at::zeros({300001}, at::kDouble);
+      for (int r = 0; r < world; ++r) exact += at::sin(idx * (r + 1)).to(at::kFloat).to(at::kDouble);
+      ddp::all_reduce(mine, ddp::ReduceOp::SUM, collective);
+      const double err = (mine.to(at::kDouble) - exact).abs().max().item<double>();
+      if (err > 1e-5) {
+        std::fprintf(stderr, "rank %d step %d: float all_reduce off by %g\n", rank, step, err);
         return 2;
       }
       std::printf("rank %d world %d step %d sum %g\n", rank, world, step, got);

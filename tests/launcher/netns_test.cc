@@ -89,8 +89,13 @@ class NetnsTest : public LauncherTest {
     return argv;
   }
 
-  static void expect_sums(const ProcessResult& r, int first_rank, int steps) {
+  // shm_ranks: the ranks sharing memory on each node (2: both paths, shared
+  // memory on the node and Gloo between the nodes; 4: one host).
+  static void expect_sums(const ProcessResult& r, int first_rank, int steps, int shm_ranks = 2) {
     for (int rank = first_rank; rank < first_rank + 2; ++rank) {
+      EXPECT_THAT(r.out, HasSubstr("[rank" + std::to_string(rank) + "]:rank " +
+                                   std::to_string(rank) + " shared memory ranks " +
+                                   std::to_string(shm_ranks) + "\n"));
       for (int step = 1; step <= steps; ++step) {
         EXPECT_THAT(r.out, HasSubstr("[rank" + std::to_string(rank) + "]:rank " +
                                      std::to_string(rank) + " world 4 step " +
@@ -108,8 +113,8 @@ TEST_F(NetnsTest, AllReduceOnTwoLoopbackNodes) {
   auto r1 = n1.wait(120);
   ASSERT_EQ(r0.exit_code, 0) << r0.err;
   ASSERT_EQ(r1.exit_code, 0) << r1.err;
-  expect_sums(r0, 0, 3);
-  expect_sums(r1, 2, 3);
+  expect_sums(r0, 0, 3, 4);  // two launchers, one host: 4 ranks share memory
+  expect_sums(r1, 2, 3, 4);
   expect_no_survivors();
 }
 

@@ -34,6 +34,8 @@ std::vector<std::exception_ptr> run_ranks_collect(
         o.world_size = world_size;
         o.timeout = options.timeout;
         o.backend = options.backend;
+        o.shared_memory = options.shared_memory;
+        o.shared_memory_staging_bytes = options.shared_memory_staging_bytes;
         group = new_process_group(o);
         DefaultGroupGuard guard(group);
         fn(r);

@@ -18,6 +18,10 @@ namespace ddp::testing {
 struct ThreadWorldOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
   std::string backend = "gloo";
+  // InitOptions' fields of the same names (DDP_SHM=0 still turns it off:
+  // CTest runs the DDP and collective suites once more that way).
+  bool shared_memory = true;
+  size_t shared_memory_staging_bytes = 0;
 };
 
 // Runs fn(rank) on world_size threads and joins them all. Returns each

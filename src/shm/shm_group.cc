@@ -1,0 +1,391 @@
+// ShmGroup: the set-up at rendezvous (who shares a host, segments, the
+// hosts' leaders), the communication thread, and the Work it completes.
+#include "shm/shm_group.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "ddp/error.h"
+#include "shm/shm_state.h"
+
+namespace ddp::shm {
+namespace {
+
+constexpr size_t kDefaultStaging = size_t{32} << 20;
+// The arena holds DDP's buckets (twice the gradients: the rebuilt layout is
+// allocated before the first one is freed). Pages cost memory only once
+// touched.
+constexpr size_t kDefaultArena = size_t{128} << 20;
+constexpr size_t kMinStaging = size_t{1} << 20;
+constexpr size_t kPage = 4096;
+
+std::string read_link(const char* path) {
+  char buf[256];
+  ssize_t n = ::readlink(path, buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "?";
+}
+
+// Ranks with equal identities can map each other's segments: same machine
+// (host name, boot id), same IPC and network namespaces (containers and
+// ip-netns "nodes" are other hosts), same /dev/shm.
+std::string host_identity() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  struct stat st {};
+  ::stat("/dev/shm", &st);
+  return fmt::format("{}|{}|{}|{}|{}", host, boot_id, read_link("/proc/self/ns/ipc"),
+                     read_link("/proc/self/ns/net"), static_cast<uint64_t>(st.st_dev));
+}
+
+std::string random_token() {
+  std::random_device rd;  // /dev/urandom
+  return fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+}
+
+std::string get_string(c10d::Store& store, const std::string& key) {
+  auto v = store.get(key);
+  return std::string(v.begin(), v.end());
+}
+
+void set_string(c10d::Store& store, const std::string& key, const std::string& value) {
+  store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+// Every rank's value of `name` ("shm/<name>/<rank>"), after publishing ours.
+std::vector<std::string> exchange(const ShmSetup& s, const std::string& name,
+                                  const std::string& mine) {
+  set_string(*s.store, fmt::format("shm/{}/{}", name, s.rank), mine);
+  std::vector<std::string> keys, out;
+  for (int r = 0; r < s.size; ++r) keys.push_back(fmt::format("shm/{}/{}", name, r));
+  s.store->wait(keys, s.timeout);
+  for (const std::string& k : keys) out.push_back(get_string(*s.store, k));
+  return out;
+}
+
+struct Report {
+  std::string identity;
+  pid_t pid = 0;
+  int64_t free_bytes = -1;
+  std::string problem;
+};
+
+std::string encode(const Report& r) {
+  return fmt::format("{}\n{}\n{}\n{}", r.identity, r.pid, r.free_bytes, r.problem);
+}
+
+Report decode(const std::string& text) {
+  Report r;
+  std::istringstream in(text);
+  std::string pid, free;
+  std::getline(in, r.identity);
+  std::getline(in, pid);
+  std::getline(in, free);
+  std::getline(in, r.problem);
+  r.pid = static_cast<pid_t>(std::atol(pid.c_str()));
+  r.free_bytes = std::atoll(free.c_str());
+  return r;
+}
+
+// Maps ranks to hosts (ordered by their lowest rank) and fills s's layout.
+void assign_hosts(ShmGroup::State& st, const std::vector<Report>& reports) {
+  std::map<std::string, int> host_of;
+  for (int r = 0; r < st.size; ++r) {
+    auto it = host_of.emplace(reports[r].identity, static_cast<int>(host_of.size())).first;
+    if (reports[r].identity == reports[st.rank].identity) {
+      if (r == st.rank) st.me = static_cast<int>(st.local.size());
+      st.local.push_back(r);
+      st.pids.push_back(reports[r].pid);
+      st.host = it->second;
+    }
+  }
+  st.hosts = static_cast<int>(host_of.size());
+}
+
+// Staging bytes every rank of this host can afford (the same on each); the
+// arena gets what is left of the same budget, up to kDefaultArena.
+size_t staging_for(const ShmSetup& s, ShmGroup::State& st, const std::vector<Report>& reports) {
+  int64_t free = INT64_MAX;
+  for (int r : st.local) free = std::min(free, reports[r].free_bytes);
+  const size_t wanted =
+      s.staging_bytes ? (s.staging_bytes + kPage - 1) / kPage * kPage : kDefaultStaging;
+  // Half of /dev/shm at most, shared by the host's ranks.
+  const size_t room = free > 0 ? static_cast<size_t>(free) / (2 * st.local.size()) : 0;
+  const size_t got = std::min(wanted, room) / kPage * kPage;
+  st.arena_bytes = std::min(kDefaultArena, room - std::min(room, got)) / kPage * kPage;
+  // Too little to be worth it: smaller than asked and than kMinStaging.
+  return got < std::min(wanted, kMinStaging) ? 0 : got;
+}
+
+// Creates my segment, maps my peers'. "" or what failed.
+std::string map_segments(ShmGroup::State& st, const std::string& token) {
+  const size_t bytes = kHeaderBytes + st.staging_bytes + st.arena_bytes;
+  try {
+    st.segments.resize(st.local.size());
+    st.segments[st.me] = std::make_shared<Segment>(
+        Segment::create(segment_name(token, st.pids[st.me], st.rank), bytes));
+    Segment& mine = *st.segments[st.me];
+    if (st.arena_bytes > 0) st.arena->free[st.arena_begin()] = st.arena_bytes;
+    auto* c = new (mine.data()) Control();
+    c->pid = st.pids[st.me];
+    c->rank = st.rank;
+    c->magic = Control::kMagic;
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+std::string open_peers(ShmGroup::State& st, const std::string& token) {
+  const size_t bytes = kHeaderBytes + st.staging_bytes + st.arena_bytes;
+  try {
+    for (int k = 0; k < static_cast<int>(st.local.size()); ++k) {
+      if (k != st.me) {
+        st.segments[k] = std::make_shared<Segment>(
+            Segment::open(segment_name(token, st.pids[k], st.local[k]), bytes));
+      }
+      auto* c = static_cast<Control*>(st.segments[k]->data());
+      if (c->magic != Control::kMagic || c->rank != st.local[k]) {
+        return fmt::format("segment of rank {} has an unexpected header", st.local[k]);
+      }
+      st.controls.push_back(c);
+      st.bases.push_back(static_cast<char*>(st.segments[k]->data()));
+    }
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+// The first rank's problem among `values` ("" when none has one).
+std::string first_problem(const std::vector<std::string>& values) {
+  for (size_t r = 0; r < values.size(); ++r) {
+    if (!values[r].empty()) return fmt::format("rank {}: {}", r, values[r]);
+  }
+  return "";
+}
+
+// Completed by the communication thread.
+class ShmWork : public c10d::Work {
+ public:
+  void complete(std::exception_ptr error) { finish(std::move(error)); }
+};
+
+void serve(ShmGroup::State& st) {
+  while (true) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(st.mu);
+      st.cv.wait(lock, [&] { return st.stop || !st.queue.empty(); });
+      if (st.queue.empty()) return;
+      task = std::move(st.queue.front());
+      st.queue.pop_front();
+    }
+    task();
+  }
+}
+
+}  // namespace
+
+ShmGroup::ShmGroup(std::unique_ptr<State> state) : state_(std::move(state)) {
+  State& st = *state_;
+  st.thread = std::thread([&st] { serve(st); });
+}
+
+ShmGroup::~ShmGroup() {
+  State& st = *state_;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.stop = true;
+  }
+  st.cancel.store(true);  // a wait in progress gives up within 100 ms
+  st.cv.notify_all();
+  if (st.thread.joinable()) st.thread.join();
+}
+
+int ShmGroup::local_size() const { return static_cast<int>(state_->local.size()); }
+int ShmGroup::hosts() const { return state_->hosts; }
+
+std::unique_ptr<ShmGroup> ShmGroup::create(const ShmSetup& s, std::string& reason) {
+  reason.clear();
+  if (s.size <= 1) return nullptr;
+  remove_stale_segments();
+  Report mine{host_identity(), ::getpid(), dev_shm_free_bytes(), ""};
+  if (!s.enabled) mine.problem = "disabled (InitOptions::shared_memory = false or DDP_SHM=0)";
+  else if (mine.free_bytes < 0) mine.problem = "/dev/shm is missing or not writable";
+  std::vector<Report> reports;
+  std::vector<std::string> problems;
+  for (const std::string& text : exchange(s, "host", encode(mine))) {
+    reports.push_back(decode(text));
+    problems.push_back(reports.back().problem);
+  }
+  if (!(reason = first_problem(problems)).empty()) return nullptr;
+
+  auto st = std::make_unique<State>();
+  st->rank = s.rank;
+  st->size = s.size;
+  st->one_shot_max_bytes = s.one_shot_max_bytes;
+  assign_hosts(*st, reports);
+  if (st->hosts == s.size) return nullptr;  // nobody shares a host: nothing to do
+  std::string problem;
+  if (st->local.size() > 1) {
+    st->staging_bytes = staging_for(s, *st, reports);
+    if (st->staging_bytes == 0) {
+      problem = fmt::format(
+          "/dev/shm has {:.0f} MiB free for {} ranks on this host (Docker's default is 64 MiB: "
+          "run the container with --shm-size=1g or --ipc=host)",
+          reports[s.rank].free_bytes / 1048576.0, st->local.size());
+    }
+  }
+  if (s.rank == 0) set_string(*s.store, "shm/token", random_token());
+  s.store->wait({"shm/token"}, s.timeout);
+  const std::string token = get_string(*s.store, "shm/token");
+  if (problem.empty() && st->local.size() > 1) problem = map_segments(*st, token);
+  if (!(reason = first_problem(exchange(s, "created", problem))).empty()) return nullptr;
+  if (st->local.size() > 1) problem = open_peers(*st, token);
+  if (!(reason = first_problem(exchange(s, "mapped", problem))).empty()) return nullptr;
+  // Note [Shared memory lifetime]: every peer has mapped every segment.
+  for (auto& seg : st->segments) seg->unlink();
+  if (st->hosts > 1 && st->me == 0) {
+    auto store = c10::make_intrusive<c10d::PrefixStore>("shm/leaders", s.store);
+    st->leaders = compat::make_gloo(store, st->host, st->hosts, s.gloo_address, s.gloo_threads,
+                                    s.timeout);
+  }
+  return std::unique_ptr<ShmGroup>(new ShmGroup(std::move(st)));
+}
+
+namespace {
+
+DType dtype_of(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return DType::kFloat64;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kInt: return DType::kInt32;
+    case at::kLong: return DType::kInt64;
+    default: return DType::kFloat32;
+  }
+}
+
+Op op_of(const c10d::ReduceOp& op) {
+  if (op == c10d::ReduceOp::MIN) return Op::kMin;
+  if (op == c10d::ReduceOp::MAX) return Op::kMax;
+  if (op == c10d::ReduceOp::PRODUCT) return Op::kProduct;
+  return Op::kSum;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ShmGroup::all_reduce(const at::Tensor& tensor,
+                                                    c10d::ReduceOp op,
+                                                    std::chrono::milliseconds timeout) {
+  auto work = c10::make_intrusive<ShmWork>();
+  State& st = *state_;
+  const auto deadline = Clock::now() + timeout;
+  auto task = [&st, t = tensor, dtype = dtype_of(tensor.scalar_type()), o = op_of(op), timeout,
+               deadline, work] {
+    try {
+      if (!st.broken.empty()) {
+        throw std::runtime_error("shared memory: an earlier collective of this group failed (" +
+                                 st.broken + "); the group is unusable: destroy it");
+      }
+      at::NoGradGuard no_grad;
+      at::Tensor c = t.contiguous();
+      run_all_reduce(st, static_cast<char*>(c.data_ptr()), static_cast<size_t>(c.numel()),
+                     dtype, o, deadline, timeout);
+      if (!c.is_same(t)) t.copy_(c);
+      work->complete(nullptr);
+    } catch (const std::exception& e) {
+      if (st.broken.empty()) st.broken = e.what();
+      work->complete(std::current_exception());
+    }
+  };
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.queue.push_back(std::move(task));
+  }
+  st.cv.notify_one();
+  return work;
+}
+
+at::Tensor ShmGroup::allocate(int64_t numel, at::ScalarType dtype) {
+  State& st = *state_;
+  if (st.local.size() < 2 || numel <= 0) return at::Tensor();
+  const size_t bytes = (static_cast<size_t>(numel) * c10::elementSize(dtype) + 63) / 64 * 64;
+  size_t offset = 0;
+  {
+    std::lock_guard<std::mutex> lock(st.arena->mu);
+    auto& free = st.arena->free;
+    auto it = std::find_if(free.begin(), free.end(),
+                           [&](const auto& block) { return block.second >= bytes; });
+    if (it == free.end()) return at::Tensor();  // full: the caller copies
+    offset = it->first;
+    const size_t left = it->second - bytes;
+    free.erase(it);
+    if (left > 0) free[offset + bytes] = left;
+  }
+  // The deleter returns the block, and keeps the segment mapped meanwhile.
+  std::shared_ptr<Segment> segment = st.segments[st.me];
+  auto release = [keep = segment, arena = st.arena, offset, bytes](void*) {
+    std::lock_guard<std::mutex> lock(arena->mu);
+    auto& free = arena->free;
+    auto it = free.emplace(offset, bytes).first;
+    auto next = std::next(it);
+    if (next != free.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      free.erase(next);
+    }
+    if (it != free.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second == it->first) {
+        prev->second += it->second;
+        free.erase(it);
+      }
+    }
+  };
+  char* data = static_cast<char*>(segment->data()) + offset;
+  return at::from_blob(data, {numel}, release, at::TensorOptions().dtype(dtype));
+}
+
+void ShmGroup::fence(std::chrono::milliseconds timeout) {
+  State& st = *state_;
+  auto work = c10::make_intrusive<ShmWork>();
+  const auto deadline = Clock::now() + timeout;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.queue.push_back([&st, work, deadline, timeout] {
+      try {
+        wait_for_readers(st, deadline, timeout);
+        work->complete(nullptr);
+      } catch (...) {
+        work->complete(std::current_exception());
+      }
+    });
+  }
+  st.cv.notify_one();
+  work->wait();
+}
+
+bool ShmGroup::supports(const at::Tensor& t, c10d::ReduceOp op) {
+  if (!t.defined() || t.device().type() != c10::DeviceType::CPU || t.is_sparse()) return false;
+  switch (t.scalar_type()) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
+    case at::kInt: case at::kLong: break;
+    default: return false;
+  }
+  return op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::MIN || op == c10d::ReduceOp::MAX ||
+         op == c10d::ReduceOp::PRODUCT;
+}
+
+}  // namespace ddp::shm
