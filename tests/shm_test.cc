@@ -165,12 +165,12 @@ TEST(SharedMemorySegment, IsPrivateToItsUserAndNamedUnguessably) {
   const std::string name = shm::segment_name("0123456789abcdef0123456789abcdef", ::getpid(), 0);
   EXPECT_EQ(name, "/ddp-0123456789abcdef0123456789abcdef-" + std::to_string(::getpid()) + "-0");
   {
-    shm::Segment s = shm::Segment::create(name, 8192);
+    shm::Segment s = shm::Segment::create(name, 8192, 4096);
     struct stat st {};
     ASSERT_EQ(::stat(("/dev/shm" + name).c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u);
     EXPECT_EQ(st.st_uid, ::getuid());
-    EXPECT_THROW(shm::Segment::create(name, 8192), CommError);  // O_EXCL
+    EXPECT_THROW(shm::Segment::create(name, 8192, 0), CommError);  // O_EXCL
     s.unlink();
     EXPECT_NE(::stat(("/dev/shm" + name).c_str(), &st), 0);
     static_cast<char*>(s.data())[8191] = 1;  // still mapped after unlink
@@ -183,8 +183,8 @@ TEST(SharedMemorySegment, StaleNamesOfDeadProcessesAreRemoved) {
   ::waitpid(child, nullptr, 0);  // a pid that is gone
   const std::string stale = shm::segment_name("feedfacefeedfacefeedfacefeedface", child, 1);
   const std::string live = shm::segment_name("feedfacefeedfacefeedfacefeedface", ::getpid(), 1);
-  shm::Segment a = shm::Segment::create(stale, 4096);
-  shm::Segment b = shm::Segment::create(live, 4096);
+  shm::Segment a = shm::Segment::create(stale, 4096, 0);
+  shm::Segment b = shm::Segment::create(live, 4096, 0);
   shm::remove_stale_segments();
   struct stat st {};
   EXPECT_NE(::stat(("/dev/shm" + stale).c_str(), &st), 0) << "the dead creator's name stays";

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace ddp::shm {
 namespace {
@@ -42,10 +43,10 @@ __attribute__((always_inline)) inline void reduce_block(T* dst, const T* const* 
 template <typename T, typename Acc, typename O>
 __attribute__((always_inline)) inline void reduce_all(void* dst, const void* const* srcs, int n, size_t count) {
   auto* d = static_cast<T*>(dst);
-  const T* s[64];
+  std::vector<const T*> s(static_cast<size_t>(n));  // as many as ranks on the host
   for (int k = 0; k < n; ++k) s[k] = static_cast<const T*>(srcs[k]);
   for (size_t off = 0; off < count; off += kBlock) {
-    reduce_block<T, Acc, O>(d, s, n, off, std::min(kBlock, count - off));
+    reduce_block<T, Acc, O>(d, s.data(), n, off, std::min(kBlock, count - off));
   }
 }
 

@@ -9,6 +9,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -37,22 +38,32 @@ void* map(int fd, size_t bytes, const std::string& name) {
 
 }  // namespace
 
-Segment Segment::create(const std::string& name, size_t bytes) {
+Segment Segment::create(const std::string& name, size_t bytes, size_t reserved) {
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, S_IRUSR | S_IWUSR);
   if (fd < 0) fail("create", name, errno);
   Segment s;
   s.name_ = name;
   s.owns_name_ = true;
   // The umask can only narrow the mode; fchmod makes 0600 explicit.
+  int err = 0;
   if (::fchmod(fd, S_IRUSR | S_IWUSR) != 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    int err = errno;
+    err = errno;
+  } else if (reserved > 0) {
+    err = ::posix_fallocate(fd, 0, static_cast<off_t>(std::min(reserved, bytes)));
+  }
+  if (err != 0) {
     ::close(fd);
     s.unlink();
     fail("size", name, err);
   }
+  s.fd_ = ::dup(fd);  // map() closes fd
   s.data_ = map(fd, bytes, name);
   s.size_ = bytes;
   return s;
+}
+
+bool Segment::reserve(size_t offset, size_t bytes) noexcept {
+  return fd_ >= 0 && ::posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes)) == 0;
 }
 
 Segment Segment::open(const std::string& name, size_t bytes) {
@@ -75,7 +86,8 @@ Segment::Segment(Segment&& o) noexcept
     : data_(std::exchange(o.data_, nullptr)),
       size_(std::exchange(o.size_, 0)),
       name_(std::move(o.name_)),
-      owns_name_(std::exchange(o.owns_name_, false)) {}
+      owns_name_(std::exchange(o.owns_name_, false)),
+      fd_(std::exchange(o.fd_, -1)) {}
 
 Segment& Segment::operator=(Segment&& o) noexcept {
   if (this != &o) {
@@ -85,6 +97,8 @@ Segment& Segment::operator=(Segment&& o) noexcept {
     size_ = std::exchange(o.size_, 0);
     name_ = std::move(o.name_);
     owns_name_ = std::exchange(o.owns_name_, false);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
   }
   return *this;
 }
@@ -92,6 +106,7 @@ Segment& Segment::operator=(Segment&& o) noexcept {
 Segment::~Segment() {
   unlink();
   if (data_ != nullptr) ::munmap(data_, size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void Segment::unlink() noexcept {

@@ -23,9 +23,12 @@ namespace ddp::shm {
 
 class Segment {
  public:
-  // Creates `name` ("/ddp-..."), `bytes` long, and maps it read-write.
-  // Throws CommError naming the segment and the system's reason.
-  static Segment create(const std::string& name, size_t bytes);
+  // Creates `name` ("/ddp-..."), `bytes` long, with its first `reserved`
+  // bytes backed by memory now (tmpfs otherwise allocates pages on first
+  // touch, and a full /dev/shm then kills the process with SIGBUS), and
+  // maps it read-write. Throws CommError naming the segment and the
+  // system's reason (e.g. no space left).
+  static Segment create(const std::string& name, size_t bytes, size_t reserved);
   // Opens and maps an existing segment (a peer's); same errors.
   static Segment open(const std::string& name, size_t bytes);
 
@@ -41,12 +44,16 @@ class Segment {
   const std::string& name() const { return name_; }
   // Removes the name from /dev/shm; the mapping stays valid. Idempotent.
   void unlink() noexcept;
+  // Backs [offset, offset + bytes) of a segment this process created with
+  // memory; false when /dev/shm has no room (or for a peer's segment).
+  bool reserve(size_t offset, size_t bytes) noexcept;
 
  private:
   void* data_ = nullptr;
   size_t size_ = 0;
   std::string name_;
   bool owns_name_ = false;
+  int fd_ = -1;  // kept open by the creator, for reserve()
 };
 
 // The segment name of `rank` for a job's `token`: "/ddp-<token>-<pid>-<rank>".

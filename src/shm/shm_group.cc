@@ -45,8 +45,11 @@ std::string host_identity() {
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
   struct stat st {};
   ::stat("/dev/shm", &st);
-  return fmt::format("{}|{}|{}|{}|{}", host, boot_id, read_link("/proc/self/ns/ipc"),
-                     read_link("/proc/self/ns/net"), static_cast<uint64_t>(st.st_dev));
+  // The pid namespace too: a peer's pid must mean the same process here
+  // (the liveness check, stale-name cleanup).
+  return fmt::format("{}|{}|{}|{}|{}|{}", host, boot_id, read_link("/proc/self/ns/ipc"),
+                     read_link("/proc/self/ns/net"), read_link("/proc/self/ns/pid"),
+                     static_cast<uint64_t>(st.st_dev));
 }
 
 std::string random_token() {
@@ -78,23 +81,27 @@ struct Report {
   std::string identity;
   pid_t pid = 0;
   int64_t free_bytes = -1;
+  size_t staging = 0;  // InitOptions::shared_memory_staging_bytes (0: default)
   std::string problem;
 };
 
 std::string encode(const Report& r) {
-  return fmt::format("{}\n{}\n{}\n{}", r.identity, r.pid, r.free_bytes, r.problem);
+  return fmt::format("{}\n{}\n{}\n{}\n{}", r.identity, r.pid, r.free_bytes, r.staging,
+                     r.problem);
 }
 
 Report decode(const std::string& text) {
   Report r;
   std::istringstream in(text);
-  std::string pid, free;
+  std::string pid, free, staging;
   std::getline(in, r.identity);
   std::getline(in, pid);
   std::getline(in, free);
+  std::getline(in, staging);
   std::getline(in, r.problem);
   r.pid = static_cast<pid_t>(std::atol(pid.c_str()));
   r.free_bytes = std::atoll(free.c_str());
+  r.staging = static_cast<size_t>(std::atoll(staging.c_str()));
   return r;
 }
 
@@ -115,11 +122,16 @@ void assign_hosts(ShmGroup::State& st, const std::vector<Report>& reports) {
 
 // Staging bytes every rank of this host can afford (the same on each); the
 // arena gets what is left of the same budget, up to kDefaultArena.
-size_t staging_for(const ShmSetup& s, ShmGroup::State& st, const std::vector<Report>& reports) {
+size_t staging_for(ShmGroup::State& st, const std::vector<Report>& reports) {
+  // The host's ranks must agree on the sizes (chunks, two-shot slices):
+  // the least free space and the smallest request among them.
   int64_t free = INT64_MAX;
-  for (int r : st.local) free = std::min(free, reports[r].free_bytes);
-  const size_t wanted =
-      s.staging_bytes ? (s.staging_bytes + kPage - 1) / kPage * kPage : kDefaultStaging;
+  size_t asked = 0;
+  for (int r : st.local) {
+    free = std::min(free, reports[r].free_bytes);
+    if (reports[r].staging > 0) asked = asked ? std::min(asked, reports[r].staging) : reports[r].staging;
+  }
+  const size_t wanted = asked ? (asked + kPage - 1) / kPage * kPage : kDefaultStaging;
   // Half of /dev/shm at most, shared by the host's ranks.
   const size_t room = free > 0 ? static_cast<size_t>(free) / (2 * st.local.size()) : 0;
   const size_t got = std::min(wanted, room) / kPage * kPage;
@@ -133,8 +145,10 @@ std::string map_segments(ShmGroup::State& st, const std::string& token) {
   const size_t bytes = kHeaderBytes + st.staging_bytes + st.arena_bytes;
   try {
     st.segments.resize(st.local.size());
-    st.segments[st.me] = std::make_shared<Segment>(
-        Segment::create(segment_name(token, st.pids[st.me], st.rank), bytes));
+    // The header and staging buffer are reserved now (a full /dev/shm is a
+    // clean fallback here, not a SIGBUS later); arena blocks when allocated.
+    st.segments[st.me] = std::make_shared<Segment>(Segment::create(
+        segment_name(token, st.pids[st.me], st.rank), bytes, kHeaderBytes + st.staging_bytes));
     Segment& mine = *st.segments[st.me];
     if (st.arena_bytes > 0) st.arena->free[st.arena_begin()] = st.arena_bytes;
     auto* c = new (mine.data()) Control();
@@ -212,6 +226,10 @@ ShmGroup::~ShmGroup() {
   st.cancel.store(true);  // a wait in progress gives up within 100 ms
   st.cv.notify_all();
   if (st.thread.joinable()) st.thread.join();
+  // After a failure a Gloo thread of the leaders' group may still be
+  // blocked on a gone host: destroying the backend would join it (and hang
+  // the exit). As ~ProcessGroup does with its own backend: leave it be.
+  if (!st.broken.empty() && st.leaders) (void)st.leaders.release();
 }
 
 int ShmGroup::local_size() const { return static_cast<int>(state_->local.size()); }
@@ -221,7 +239,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(const ShmSetup& s, std::string& reaso
   reason.clear();
   if (s.size <= 1) return nullptr;
   remove_stale_segments();
-  Report mine{host_identity(), ::getpid(), dev_shm_free_bytes(), ""};
+  Report mine{host_identity(), ::getpid(), dev_shm_free_bytes(), s.staging_bytes, ""};
   if (!s.enabled) mine.problem = "disabled (InitOptions::shared_memory = false or DDP_SHM=0)";
   else if (mine.free_bytes < 0) mine.problem = "/dev/shm is missing or not writable";
   std::vector<Report> reports;
@@ -240,7 +258,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(const ShmSetup& s, std::string& reaso
   if (st->hosts == s.size) return nullptr;  // nobody shares a host: nothing to do
   std::string problem;
   if (st->local.size() > 1) {
-    st->staging_bytes = staging_for(s, *st, reports);
+    st->staging_bytes = staging_for(*st, reports);
     if (st->staging_bytes == 0) {
       problem = fmt::format(
           "/dev/shm has {:.0f} MiB free for {} ranks on this host (Docker's default is 64 MiB: "
@@ -257,10 +275,18 @@ std::unique_ptr<ShmGroup> ShmGroup::create(const ShmSetup& s, std::string& reaso
   if (!(reason = first_problem(exchange(s, "mapped", problem))).empty()) return nullptr;
   // Note [Shared memory lifetime]: every peer has mapped every segment.
   for (auto& seg : st->segments) seg->unlink();
-  if (st->hosts > 1 && st->me == 0) {
-    auto store = c10::make_intrusive<c10d::PrefixStore>("shm/leaders", s.store);
-    st->leaders = compat::make_gloo(store, st->host, st->hosts, s.gloo_address, s.gloo_threads,
-                                    s.timeout);
+  if (st->hosts > 1) {
+    if (st->me == 0) {
+      try {
+        auto store = c10::make_intrusive<c10d::PrefixStore>("shm/leaders", s.store);
+        st->leaders = compat::make_gloo(store, st->host, st->hosts, s.gloo_address,
+                                        s.gloo_threads, s.timeout);
+      } catch (const std::exception& e) {
+        problem = std::string("the hosts' leaders could not connect: ") +
+                  compat::what_without_backtrace(e);
+      }
+    }
+    if (!(reason = first_problem(exchange(s, "leaders", problem))).empty()) return nullptr;
   }
   return std::unique_ptr<ShmGroup>(new ShmGroup(std::move(st)));
 }
@@ -330,6 +356,8 @@ at::Tensor ShmGroup::allocate(int64_t numel, at::ScalarType dtype) {
     auto it = std::find_if(free.begin(), free.end(),
                            [&](const auto& block) { return block.second >= bytes; });
     if (it == free.end()) return at::Tensor();  // full: the caller copies
+    // Memory for the block now, or ordinary memory (/dev/shm filled up).
+    if (!st.segments[st.me]->reserve(it->first, bytes)) return at::Tensor();
     offset = it->first;
     const size_t left = it->second - bytes;
     free.erase(it);
@@ -366,6 +394,10 @@ void ShmGroup::fence(std::chrono::milliseconds timeout) {
     std::lock_guard<std::mutex> lock(st.mu);
     st.queue.push_back([&st, work, deadline, timeout] {
       try {
+        if (!st.broken.empty()) {
+          throw std::runtime_error("shared memory: an earlier collective of this group failed (" +
+                                   st.broken + ")");
+        }
         wait_for_readers(st, deadline, timeout);
         work->complete(nullptr);
       } catch (...) {

@@ -6,7 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <ATen/ops/from_blob.h>
+#include <ATen/ops/empty.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <algorithm>
@@ -132,18 +132,20 @@ void check_same_operation(ShmGroup::State& s) {
   for (int k = 0; k < static_cast<int>(s.local.size()); ++k) {
     const Control::Op& theirs = s.controls[k]->current;
     if (theirs.total == mine.total && theirs.offset == mine.offset &&
-        theirs.dtype == mine.dtype && theirs.op == mine.op) {
+        theirs.count == mine.count && theirs.dtype == mine.dtype && theirs.op == mine.op) {
       continue;
     }
     throw std::runtime_error(fmt::format(
-        "the ranks are out of step: rank {} all_reduces {} {} elements ({}) where rank {} "
-        "(this one) all_reduces {} {} elements ({}). The ranks issued different collectives "
+        "the ranks are out of step: rank {} all_reduces {} {} elements ({}; chunk of {} at {}) "
+        "where rank {} (this one) all_reduces {} {} elements ({}; chunk of {} at {}). The ranks "
+        "issued different collectives "
         "(or one collective with different sizes); typically one rank left the training loop "
         "early (uneven data) and went on to other collectives. Use ddp::join(model, loop) for "
         "uneven inputs, and run with DDP_DEBUG=1 to have every rank name the first collective "
         "that differs",
-        s.local[k], theirs.total, dtype_name(theirs.dtype), op_name(theirs.op), s.rank,
-        mine.total, dtype_name(mine.dtype), op_name(mine.op)));
+        s.local[k], theirs.total, dtype_name(theirs.dtype), op_name(theirs.op), theirs.count,
+        theirs.offset, s.rank, mine.total, dtype_name(mine.dtype), op_name(mine.op), mine.count,
+        mine.offset));
   }
 }
 
@@ -163,7 +165,7 @@ void local_chunk(ShmGroup::State& s, char* data, size_t count, size_t total, siz
   char* source = in_place ? data : s.staging(s.me);
   wait_peers(s, s.phase, deadline, timeout);  // 0: they are done with my buffer
   if (!in_place) std::memcpy(source, data, bytes);
-  s.controls[s.me]->current = {total, offset, static_cast<uint64_t>(source - base),
+  s.controls[s.me]->current = {total, offset, count, static_cast<uint64_t>(source - base),
                                static_cast<uint32_t>(dtype), static_cast<uint32_t>(op)};
   signal_phase(s, s.phase + 1);  // 1: input ready
   wait_peers(s, s.phase, deadline, timeout);
@@ -231,17 +233,26 @@ at::ScalarType to_scalar_type(DType d) {
   return at::kFloat;
 }
 
-// The hosts' sums, all-reduced among the leaders with Gloo.
+// The hosts' sums, all-reduced among the leaders with Gloo, on a tensor of
+// its own: if the wait gives up while a Gloo thread still works on it (a
+// host gone), that thread writes into memory the work keeps alive, not into
+// the caller's (or the arena's).
 void leaders_all_reduce(ShmGroup::State& s, char* data, size_t count, DType dtype, Op op,
-                        std::chrono::milliseconds timeout) {
-  std::vector<at::Tensor> t{at::from_blob(data, {static_cast<int64_t>(count)},
-                                          at::TensorOptions().dtype(to_scalar_type(dtype)))};
+                        Clock::time_point deadline) {
+  const size_t bytes = count * element_size(dtype);
+  std::vector<at::Tensor> t{at::empty({static_cast<int64_t>(count)},
+                                      at::TensorOptions().dtype(to_scalar_type(dtype)))};
+  std::memcpy(t[0].data_ptr(), data, bytes);
+  const auto left = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 deadline - Clock::now()),
+                             std::chrono::milliseconds(1));
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
-  o.timeout = timeout;
+  o.timeout = left;
   auto work = s.leaders->allreduce(t, o);
   try {
-    work->wait(timeout);
+    work->wait(left);
+    std::memcpy(data, t[0].data_ptr(), bytes);
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format("all_reduce among the hosts' leaders (host {} of {}): {}",
                                          s.host, s.hosts, compat::what_without_backtrace(e)));
@@ -267,7 +278,7 @@ void run_all_reduce(ShmGroup::State& s, char* data, size_t count, DType dtype, O
     }
   }
   if (s.hosts == 1) return;
-  if (s.me == 0) leaders_all_reduce(s, data, count, dtype, op, timeout);
+  if (s.me == 0) leaders_all_reduce(s, data, count, dtype, op, deadline);
   if (local) {
     for (size_t off = 0; off < count; off += chunk) {
       local_broadcast_chunk(s, data + off * esize, std::min(chunk, count - off) * esize, deadline,

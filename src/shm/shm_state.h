@@ -40,6 +40,7 @@ struct alignas(64) Control {
   struct Op {
     uint64_t total = 0;   // elements of the whole all_reduce
     uint64_t offset = 0;  // of this chunk
+    uint64_t count = 0;   // elements in this chunk
     uint64_t source = 0;  // byte offset of the chunk's data in this segment
     uint32_t dtype = 0, op = 0;
   };
