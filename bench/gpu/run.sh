@@ -12,8 +12,12 @@
 # left alone: add the tables by hand with `python3 bench/report.py FILE`).
 #
 # Needs: CUDA PyTorch 2.x importable by $PYTHON, cmake >= 3.18, a C++17
-# compiler, and the headers/CMake packages of fmt, CLI11, nlohmann_json and
-# zlib (Debian: libfmt-dev libcli11-dev nlohmann-json3-dev zlib1g-dev).
+# compiler, the headers/CMake packages of CLI11, nlohmann_json and zlib
+# (Debian: libcli11-dev nlohmann-json3-dev zlib1g-dev; fmt comes with the
+# wheel's headers), and Gloo's headers, which PyTorch's wheels do not ship:
+# Debian's libgloo-dev, or GLOO_INCLUDE=<dir holding gloo/algorithm.h> (e.g.
+# a copy of /usr/include/gloo carried to the machine; Note [Gloo headers] in
+# src/compat/gloo_backend.cc says why any Gloo's declarations do).
 # Note: at W=1 ddp skips gradient communication altogether (the average over
 # one rank is the gradient itself), while Python DDP still copies into its
 # buckets and all-reduces them; the W=1 numbers measure exactly that.
@@ -40,8 +44,11 @@ PREFIX=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 echo "== Build ($BUILD)"
 GEN="Unix Makefiles"
 command -v ninja >/dev/null 2>&1 && GEN=Ninja
+GLOO_ARGS=()
+[ -n "${GLOO_INCLUDE:-}" ] && GLOO_ARGS=(-DDDP_GLOO_INCLUDE_DIR="$GLOO_INCLUDE")
 cmake -S "$REPO" -B "$BUILD" -G "$GEN" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$PREFIX" -DDDP_WITH_NCCL=ON -DDDP_BUILD_TESTS=OFF
+  -DCMAKE_PREFIX_PATH="$PREFIX" -DDDP_WITH_NCCL=ON -DDDP_BUILD_TESTS=OFF \
+  -DDDP_PYTHON="$(command -v "$PY")" "${GLOO_ARGS[@]}"
 cmake --build "$BUILD" -j"$(nproc)" --target ddprun ddp-bench allreduce-bench
 
 echo "== Benchmark"

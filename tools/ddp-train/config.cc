@@ -22,7 +22,12 @@ TrainConfig parse_args(int argc, char** argv) {
   app.add_option("--batch-size", c.batch_size,
                  "Batch size per process (global batch = this x world size)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--lr", c.lr, "Learning rate (before --scale-lr)")->check(CLI::PositiveNumber);
+  app.add_option("--lr", c.lr, "Learning rate: the peak of --schedule onecycle (before --scale-lr)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--schedule", c.schedule,
+                 "onecycle (lr/25 up to lr in the first 30% of the steps, then down to lr/25e4, "
+                 "cosine: PyTorch's OneCycleLR) or constant")
+      ->check(CLI::IsMember({"onecycle", "constant"}));
   app.add_flag("--scale-lr", c.scale_lr, "Multiply the learning rate by the world size");
   app.add_option("--optimizer", c.optimizer, "adam or sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adam", "sgd"}));
@@ -70,10 +75,12 @@ TrainConfig parse_args(int argc, char** argv) {
 
 std::string describe(const TrainConfig& c, int world_size) {
   return fmt::format(
-      "ddp-train: world_size {}, batch {} per process ({} global), {} lr {}{}, {} epochs, "
+      "ddp-train: world_size {}, batch {} per process ({} global), {} lr {}{} ({} schedule), "
+      "{} epochs, "
       "seed {}, backend {}, device {}, {} loader thread(s)",
       world_size, c.batch_size, c.batch_size * world_size, c.optimizer,
-      c.scale_lr ? c.lr * world_size : c.lr, c.scale_lr ? " (scaled)" : "", c.epochs, c.seed,
+      c.scale_lr ? c.lr * world_size : c.lr, c.scale_lr ? " (scaled)" : "", c.schedule, c.epochs,
+      c.seed,
       c.backend, c.device, c.workers);
 }
 

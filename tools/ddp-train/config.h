@@ -7,11 +7,15 @@
 namespace ddp::train {
 
 struct TrainConfig {
-  int epochs = 10;
+  int epochs = 5;
   int64_t batch_size = 64;     // per process; the global batch is x world size
-  double lr = 0.001;           // before --scale-lr
+  double lr = 0.006;           // the peak with --schedule onecycle; before --scale-lr
   bool scale_lr = false;       // lr x world size (linear scaling rule)
   std::string optimizer = "adam";  // "adam" or "sgd" (momentum 0.9)
+  // "onecycle" (PyTorch's OneCycleLR: lr rises from lr/25 to lr over the
+  // first 30 % of the steps, then falls to lr/25e4, both cosine) or
+  // "constant".
+  std::string schedule = "onecycle";
   uint64_t seed = 0;
   std::string backend = "gloo";
   std::string device = "cpu";  // "cpu" or "cuda" (cuda:LOCAL_RANK)

@@ -8,6 +8,7 @@
 #include <torch/utils.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 
@@ -39,6 +40,7 @@ struct Run {
   int64_t train_size = 0, test_size = 0;
   int start_epoch = 0;
   int64_t step = 0;
+  int64_t total_steps = 1;   // for the learning-rate schedule
   int64_t skip_batches = 0;  // resuming inside an epoch
   bool terminal = false;
   Clock::time_point started = Clock::now();
@@ -93,6 +95,12 @@ void set_up(Run& r) {
     r.optimizer = std::make_unique<torch::optim::Adam>(r.net->parameters(),
                                                        torch::optim::AdamOptions(lr));
   }
+  // The schedule spans the --epochs of the run (each rank takes ceil(its
+  // shard / batch) steps per epoch, the same on every rank). --max-steps
+  // only stops early, so a run stopped there and resumed follows the same
+  // schedule as one that never stopped.
+  const int64_t shard = (r.train_size + r.world - 1) / r.world;
+  r.total_steps = std::max<int64_t>(c.epochs * ((shard + c.batch_size - 1) / c.batch_size), 1);
   torch::manual_seed(c.seed + 1 + static_cast<uint64_t>(r.rank));  // own dropout masks
   r.terminal = broadcast_value<int>(r.rank == 0 && ::isatty(STDOUT_FILENO), 0) != 0;
 }
@@ -175,6 +183,26 @@ struct EpochProgress {
   bool complete() const { return done == batches; }
 };
 
+// PyTorch's OneCycleLR (pct_start 0.3, cosine, div_factor 25,
+// final_div_factor 1e4) at optimizer step `step` of `total`.
+double one_cycle_lr(double peak, int64_t step, int64_t total) {
+  const double up = std::max(0.3 * static_cast<double>(total), 1.0);
+  auto cosine = [](double from, double to, double t) {
+    return to + (from - to) / 2 * (1 + std::cos(M_PI * std::min(std::max(t, 0.0), 1.0)));
+  };
+  const double s = static_cast<double>(step);
+  if (s < up) return cosine(peak / 25, peak, s / up);
+  return cosine(peak, peak / 25 / 1e4, (s - up) / std::max(static_cast<double>(total) - up, 1.0));
+}
+
+void set_learning_rate(Run& r) {
+  const TrainConfig& c = r.config;
+  if (c.schedule != "onecycle") return;
+  const double peak = c.scale_lr ? c.lr * r.world : c.lr;
+  const double lr = one_cycle_lr(peak, r.step, r.total_steps);
+  for (auto& group : r.optimizer->param_groups()) group.options().set_lr(lr);
+}
+
 EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
   const TrainConfig& c = r.config;
   DistributedSamplerOptions so;
@@ -199,6 +227,7 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
   while (auto b = loader.next()) {
     at::Tensor x = b->data.to(r.device), y = b->target.to(r.device);
     r.optimizer->zero_grad();
+    set_learning_rate(r);
     at::Tensor out = (*r.model)(x);
     inject_fault(r, out);
     at::Tensor loss = at::cross_entropy_loss(out, y);
