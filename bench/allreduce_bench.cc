@@ -5,8 +5,10 @@
 //   ddprun --standalone --nproc-per-node 2 allreduce-bench --bytes 7454760
 //
 // Rank 0 writes {"bytes", "time_s": {median, p10, p90, ...},
-// "bandwidth_gb_s" (bytes / median time), "copy_s" (one local copy of the
-// same bytes, for reference), ...} to --out-json or stdout.
+// "bandwidth_gb_s" (bytes / median time), "copy_s" (one copy of the same
+// bytes, all ranks copying at once, for reference), "path" (shared-memory or
+// the backend), ...} to --out-json or stdout. bench/allreduce_sweep.py runs
+// it over sizes and world sizes, shared memory against Gloo.
 #include <CLI/CLI.hpp>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/ones.h>
@@ -59,11 +61,13 @@ int main(int argc, char** argv) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (i >= warmup) times.push_back(s / batch);
     }
-    // Reference: one local copy of the same bytes (what a shared-memory
-    // transport would move per rank and step, at best).
+    // Reference: one local copy of the same bytes on every rank at once
+    // (after a barrier, so the ranks share the memory bus as they do in an
+    // all_reduce): what a shared-memory transport moves per rank, at least.
     at::Tensor dst = at::empty_like(t);
     std::vector<double> copies;
     for (int i = 0; i < warmup + iters; ++i) {
+      ddp::barrier();
       auto t0 = std::chrono::steady_clock::now();
       dst.copy_(t);
       if (dev.is_cuda()) torch::cuda::synchronize(dev.index());
