@@ -105,11 +105,12 @@ Work broadcast_async(at::Tensor& tensor, int src, const CollectiveOptions& optio
   check_tensor(tensor, "broadcast", "tensor");
   check_root(src, "broadcast", "src", options);
   std::vector<at::Tensor> tensors{tensor};
+  detail::ProcessGroupImpl& group = detail::resolve_group(options).impl();
   return wrap(start_work(options, "broadcast", [&](compat::Backend& b, milliseconds t) {
     c10d::BroadcastOptions o;
     o.rootRank = src;
     o.timeout = t;
-    return b.broadcast(tensors, o);
+    return detail::backend_broadcast(group, b, tensors, o);
   }, [&] { return fmt::format("broadcast src={} {}", src, detail::describe_tensors(tensors)); }));
 }
 

@@ -60,6 +60,14 @@ c10::intrusive_ptr<c10d::Work> backend_all_reduce(ProcessGroupImpl& group,
                                                   std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& options);
 
+// c10d's broadcast of `tensors` from `options.rootRank`, through shared
+// memory when every rank is on this host and the tensor qualifies, else
+// through `backend`. The one entry point of every broadcast.
+c10::intrusive_ptr<c10d::Work> backend_broadcast(ProcessGroupImpl& group,
+                                                 compat::Backend& backend,
+                                                 std::vector<at::Tensor>& tensors,
+                                                 const c10d::BroadcastOptions& options);
+
 // Note [Last words]: leaves `message` in the store of every live group of
 // this process ("rank R: message"), for the ranks that will see this one's
 // connections close (CollectiveMonitor::fatal_notes). Called by the

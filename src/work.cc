@@ -59,6 +59,20 @@ c10::intrusive_ptr<c10d::Work> backend_all_reduce(ProcessGroupImpl& group,
   return backend.allreduce(tensors, options);
 }
 
+c10::intrusive_ptr<c10d::Work> backend_broadcast(ProcessGroupImpl& group,
+                                                 compat::Backend& backend,
+                                                 std::vector<at::Tensor>& tensors,
+                                                 const c10d::BroadcastOptions& options) {
+  if (group.shm && tensors.size() == 1 &&
+      shm::ShmGroup::supports(tensors[0], c10d::ReduceOp::SUM)) {
+    // Local ranks are global ranks on a single host (ShmGroup::broadcast).
+    auto work = group.shm->broadcast(tensors[0], static_cast<int>(options.rootRank),
+                                     options.timeout);
+    if (work) return work;
+  }
+  return backend.broadcast(tensors, options);
+}
+
 ProcessGroupPtr resolve_group_ptr(const CollectiveOptions& options) {
   return options.group ? options.group : default_group();
 }

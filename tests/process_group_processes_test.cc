@@ -372,8 +372,9 @@ TEST(ProcessGroupProcesses, RanksOutOfStepSaySoOnEveryRank) {
     if (path == "DDP_SHM=0") EXPECT_GE(aborted, 1);
     if (path == "DDP_SHM=1") {
       EXPECT_EQ(aborted, 0);
-      EXPECT_TRUE(has(results[0].output, "rank 1 all_reduces 3 float32 elements (SUM; chunk of 3 "
-                                         "at 0) where rank 0 (this one) all_reduces 1000"))
+      EXPECT_TRUE(has(results[0].output, "rank 1 runs all_reduce SUM of 3 float32 elements (chunk "
+                                         "of 3 at 0) where rank 0 (this one) runs all_reduce SUM "
+                                         "of 1000"))
           << results[0].output;
     }
   }

@@ -317,7 +317,7 @@ TEST(ProcessGroup, ClientThatStartsBeforeItsServerWaitsForIt) {
   InitOptions o;
   o.init_method = "tcp://127.0.0.1:" + std::to_string(free_port());
   o.world_size = 2;
-  o.timeout = 2500ms;
+  o.timeout = 10000ms;  // well above the server's delay, even on a loaded machine
   std::exception_ptr errors[2];
   ProcessGroupPtr groups[2];  // released after both threads are done
   auto rank = [&](int r, std::chrono::milliseconds delay) {

@@ -161,6 +161,45 @@ TEST(SharedMemory, ARankThatSkipsTheCollectiveTimesOutNamingIt) {
   EXPECT_FALSE(errors[1]);
 }
 
+// Broadcast from every root, one chunk and several (staging of 64 KiB),
+// every dtype the path takes: each rank ends with
+// the root's values exactly.
+TEST(SharedMemory, BroadcastGivesEveryRankTheRootsValues) {
+  for (size_t staging : {size_t{0}, size_t{64} << 10}) {
+    ThreadWorldOptions o;
+    o.shared_memory_staging_bytes = staging;
+    run_ranks(3, [](int r) {
+      ASSERT_EQ(default_group()->shared_memory_ranks(), 3);
+      for (int root = 0; root < 3; ++root) {
+        for (int64_t count : {1, 1000, 100003}) {
+          for (auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kInt, at::kLong}) {
+            at::Tensor t = input(r, count, dtype);
+            broadcast(t, root);
+            ASSERT_TRUE(t.equal(input(root, count, dtype)))
+                << "root " << root << " count " << count << " " << dtype << " rank " << r;
+          }
+        }
+      }
+    }, o);
+  }
+}
+
+// Ranks that broadcast from different roots are out of step: each says so
+// (the shared-memory path's own check: Gloo would mix the buffers silently).
+TEST(SharedMemory, BroadcastsFromDifferentRootsAreOutOfStepOnEveryRank) {
+  ThreadWorldOptions o;
+  o.timeout = milliseconds(5000);
+  auto errors = run_ranks_collect(2, [](int r) {
+    at::Tensor t = at::ones({16});
+    broadcast(t, r);
+  }, o);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(is_a<MismatchError>(errors[r])) << "rank " << r << ": " << message_of(errors[r]);
+    EXPECT_TRUE(has(message_of(errors[r]), "runs broadcast from rank"))
+        << message_of(errors[r]);
+  }
+}
+
 TEST(SharedMemorySegment, IsPrivateToItsUserAndNamedUnguessably) {
   const std::string name = shm::segment_name("0123456789abcdef0123456789abcdef", ::getpid(), 0);
   EXPECT_EQ(name, "/ddp-0123456789abcdef0123456789abcdef-" + std::to_string(::getpid()) + "-0");

@@ -74,12 +74,18 @@ class Work {
 };
 
 // Reduces `tensor` across ranks in place; every rank gets the result.
+// Dense CPU tensors of float32/64, float16, bfloat16, int32 or int64 go
+// through shared memory between the ranks of one host (docs/shared_memory.md:
+// sums in rank order, bitwise identical on every rank), everything else
+// through the group's backend.
 void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM,
                 const CollectiveOptions& options = {});
 Work all_reduce_async(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM,
                       const CollectiveOptions& options = {});
 
-// Copies rank `src`'s `tensor` into `tensor` on every other rank.
+// Copies rank `src`'s `tensor` into `tensor` on every other rank. When every
+// rank is on one host, through shared memory (the same tensors as
+// all_reduce); else through the backend.
 void broadcast(at::Tensor& tensor, int src,
                const CollectiveOptions& options = {});
 Work broadcast_async(at::Tensor& tensor, int src,

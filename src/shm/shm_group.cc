@@ -313,14 +313,15 @@ Op op_of(const c10d::ReduceOp& op) {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> ShmGroup::all_reduce(const at::Tensor& tensor,
-                                                    c10d::ReduceOp op,
-                                                    std::chrono::milliseconds timeout) {
+namespace {
+
+// Queues `run` (on a contiguous copy of `tensor`, written back after) on the
+// communication thread; its Work completes when `run` returns or throws.
+// The first failure makes the state unusable for every later operation.
+c10::intrusive_ptr<c10d::Work> submit(ShmGroup::State& st, const at::Tensor& tensor,
+                                      std::function<void(at::Tensor&)> run) {
   auto work = c10::make_intrusive<ShmWork>();
-  State& st = *state_;
-  const auto deadline = Clock::now() + timeout;
-  auto task = [&st, t = tensor, dtype = dtype_of(tensor.scalar_type()), o = op_of(op), timeout,
-               deadline, work] {
+  auto task = [&st, t = tensor, run = std::move(run), work] {
     try {
       if (!st.broken.empty()) {
         throw std::runtime_error("shared memory: an earlier collective of this group failed (" +
@@ -328,8 +329,7 @@ c10::intrusive_ptr<c10d::Work> ShmGroup::all_reduce(const at::Tensor& tensor,
       }
       at::NoGradGuard no_grad;
       at::Tensor c = t.contiguous();
-      run_all_reduce(st, static_cast<char*>(c.data_ptr()), static_cast<size_t>(c.numel()),
-                     dtype, o, deadline, timeout);
+      run(c);
       if (!c.is_same(t)) t.copy_(c);
       work->complete(nullptr);
     } catch (const std::exception& e) {
@@ -343,6 +343,32 @@ c10::intrusive_ptr<c10d::Work> ShmGroup::all_reduce(const at::Tensor& tensor,
   }
   st.cv.notify_one();
   return work;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ShmGroup::all_reduce(const at::Tensor& tensor,
+                                                    c10d::ReduceOp op,
+                                                    std::chrono::milliseconds timeout) {
+  State& st = *state_;
+  const auto deadline = Clock::now() + timeout;
+  return submit(st, tensor, [&st, dtype = dtype_of(tensor.scalar_type()), o = op_of(op), timeout,
+                             deadline](at::Tensor& c) {
+    run_all_reduce(st, static_cast<char*>(c.data_ptr()), static_cast<size_t>(c.numel()), dtype, o,
+                   deadline, timeout);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ShmGroup::broadcast(const at::Tensor& tensor, int root,
+                                                   std::chrono::milliseconds timeout) {
+  State& st = *state_;
+  if (st.hosts != 1 || static_cast<int>(st.local.size()) != st.size) return {};
+  const auto deadline = Clock::now() + timeout;
+  return submit(st, tensor, [&st, dtype = dtype_of(tensor.scalar_type()), root, timeout,
+                             deadline](at::Tensor& c) {
+    run_broadcast(st, static_cast<char*>(c.data_ptr()), c.numel() * c.element_size(), dtype,
+                  root, deadline, timeout);
+  });
 }
 
 at::Tensor ShmGroup::allocate(int64_t numel, at::ScalarType dtype) {

@@ -82,6 +82,13 @@ class ShmGroup {
   c10::intrusive_ptr<c10d::Work> all_reduce(const at::Tensor& tensor, c10d::ReduceOp op,
                                             std::chrono::milliseconds timeout);
 
+  // Starts the broadcast of `tensor` from global rank `root` to every rank,
+  // when every rank of the group is on this host and the tensor qualifies
+  // (supports(tensor, SUM)); else returns null and the caller uses Gloo.
+  // The Work as all_reduce's.
+  c10::intrusive_ptr<c10d::Work> broadcast(const at::Tensor& tensor, int root,
+                                           std::chrono::milliseconds timeout);
+
   // A CPU tensor of `numel` elements of `dtype` in this rank's shared
   // segment, or an undefined tensor when there is no room (then use
   // ordinary memory). An all_reduce of it (or of a slice of it) reads it in

@@ -120,9 +120,13 @@ const char* dtype_name(uint32_t d) {
   return d < 6 ? names[d] : "?";
 }
 
-const char* op_name(uint32_t o) {
+// "all_reduce SUM" or "broadcast from rank 1": what Control::Op::op says.
+std::string op_name(const ShmGroup::State& s, uint32_t o) {
   static const char* names[] = {"SUM", "MIN", "MAX", "PRODUCT"};
-  return o < 4 ? names[o] : "?";
+  if (o >= Control::kBroadcastOp && o - Control::kBroadcastOp < s.local.size()) {
+    return fmt::format("broadcast from rank {}", s.local[o - Control::kBroadcastOp]);
+  }
+  return fmt::format("all_reduce {}", o < 4 ? names[o] : "?");
 }
 
 // Every local peer is in the same operation as this rank (same size, dtype,
@@ -136,16 +140,16 @@ void check_same_operation(ShmGroup::State& s) {
       continue;
     }
     throw std::runtime_error(fmt::format(
-        "the ranks are out of step: rank {} all_reduces {} {} elements ({}; chunk of {} at {}) "
-        "where rank {} (this one) all_reduces {} {} elements ({}; chunk of {} at {}). The ranks "
+        "the ranks are out of step: rank {} runs {} of {} {} elements (chunk of {} at {}) "
+        "where rank {} (this one) runs {} of {} {} elements (chunk of {} at {}). The ranks "
         "issued different collectives "
         "(or one collective with different sizes); typically one rank left the training loop "
         "early (uneven data) and went on to other collectives. Use ddp::join(model, loop) for "
         "uneven inputs, and run with DDP_DEBUG=1 to have every rank name the first collective "
         "that differs",
-        s.local[k], theirs.total, dtype_name(theirs.dtype), op_name(theirs.op), theirs.count,
-        theirs.offset, s.rank, mine.total, dtype_name(mine.dtype), op_name(mine.op), mine.count,
-        mine.offset));
+        s.local[k], op_name(s, theirs.op), theirs.total, dtype_name(theirs.dtype), theirs.count,
+        theirs.offset, s.rank, op_name(s, mine.op), mine.total, dtype_name(mine.dtype),
+        mine.count, mine.offset));
   }
 }
 
@@ -264,6 +268,26 @@ void leaders_all_reduce(ShmGroup::State& s, char* data, size_t count, DType dtyp
 void wait_for_readers(ShmGroup::State& s, Clock::time_point deadline,
                       std::chrono::milliseconds timeout) {
   if (s.local.size() > 1) wait_peers(s, s.phase, deadline, timeout);
+}
+
+// Note [Shared-memory all-reduce], broadcast: the root copies each chunk
+// into its staging buffer, every other rank copies it out.
+void run_broadcast(ShmGroup::State& s, char* data, size_t bytes, DType dtype, int root,
+                   Clock::time_point deadline, std::chrono::milliseconds timeout) {
+  for (size_t off = 0; off < bytes; off += s.staging_bytes) {
+    const size_t n = std::min(s.staging_bytes, bytes - off);
+    wait_peers(s, s.phase, deadline, timeout);  // 0: done with the root's buffer
+    if (s.me == root) std::memcpy(s.staging(root), data + off, n);
+    const size_t es = element_size(dtype);  // staging_bytes is a multiple of pages
+    s.controls[s.me]->current = {bytes / es, off / es, n / es, kHeaderBytes,
+                                 static_cast<uint32_t>(dtype),
+                                 Control::kBroadcastOp + static_cast<uint32_t>(root)};
+    signal_phase(s, s.phase + 1);  // 1: the root's chunk is staged
+    wait_peers(s, s.phase, deadline, timeout);
+    check_same_operation(s);
+    if (s.me != root) std::memcpy(data + off, s.staging(root), n);
+    signal_phase(s, s.phase + 1);  // 3: done reading
+  }
 }
 
 void run_all_reduce(ShmGroup::State& s, char* data, size_t count, DType dtype, Op op,

@@ -42,8 +42,10 @@ struct alignas(64) Control {
     uint64_t offset = 0;  // of this chunk
     uint64_t count = 0;   // elements in this chunk
     uint64_t source = 0;  // byte offset of the chunk's data in this segment
-    uint32_t dtype = 0, op = 0;
+    uint32_t dtype = 0;
+    uint32_t op = 0;  // Op, or kBroadcastOp + the root's local index
   };
+  static constexpr uint32_t kBroadcastOp = 16;
   alignas(64) Op current;
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
@@ -99,6 +101,12 @@ struct ShmGroup::State {
 // Throws ddp::TimeoutError or ddp::CommError.
 void run_all_reduce(ShmGroup::State& s, char* data, size_t count, DType dtype, Op op,
                     Clock::time_point deadline, std::chrono::milliseconds timeout);
+
+// One broadcast on the communication thread (shm_protocol.cc): `bytes` of
+// `data` from local rank `root` to every local rank, through the root's
+// staging buffer (single host only). Throws as run_all_reduce.
+void run_broadcast(ShmGroup::State& s, char* data, size_t bytes, DType dtype, int root,
+                   Clock::time_point deadline, std::chrono::milliseconds timeout);
 
 // Waits until every local peer has signalled this rank's last phase: it has
 // finished reading this rank's buffers (communication thread only).
