@@ -2,6 +2,8 @@
 // collective save/load protocol (rank 0 writes, every rank reads).
 #include "ddp/checkpoint.h"
 
+#include <unistd.h>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/core/grad_mode.h>
@@ -138,14 +140,24 @@ void write_checkpoint(const std::string& dir, Checkpoint ckpt,
   detail::ensure_directory(dir);
   detail::remove_stale_temporaries(dir);
   const std::string stem = detail::checkpoint_stem(ckpt.epoch, ckpt.step);
+  // The model file and the checkpoint are one unit: the model file first,
+  // and removed again when the checkpoint cannot be written (a full disk),
+  // so a model file never stands beside a missing checkpoint (one left by a
+  // crash between the two renames goes with the stale temporaries).
+  const std::string model_path = dir + "/" + stem + detail::kModelSuffix;
   if (options.write_torch_model) {
     std::vector<char> bytes = detail::torch_save_bytes(ckpt.model);
     detail::write_file_atomically(dir, stem + detail::kModelSuffix,
                                   bytes.data(), bytes.size());
   }
-  std::string bytes = serialize_checkpoint(ckpt);
-  detail::write_file_atomically(dir, stem + detail::kCheckpointSuffix,
-                                bytes.data(), bytes.size());
+  try {
+    std::string bytes = serialize_checkpoint(ckpt);
+    detail::write_file_atomically(dir, stem + detail::kCheckpointSuffix,
+                                  bytes.data(), bytes.size());
+  } catch (...) {
+    if (options.write_torch_model) ::unlink(model_path.c_str());
+    throw;
+  }
   detail::prune_checkpoints(dir, options.keep_last);
 }
 

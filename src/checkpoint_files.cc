@@ -158,13 +158,23 @@ std::string read_whole_file(const std::string& path) {
 void remove_stale_temporaries(const std::string& dir) {
   std::error_code ec;
   const std::string prefix = std::string(".") + kCheckpointPrefix;
+  const std::string model_suffix = kModelSuffix;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
        it.increment(ec)) {
     std::string name = it->path().filename().string();
-    if (name.compare(0, prefix.size(), prefix) == 0 &&
-        name.find(".tmp.") != std::string::npos) {
-      fs::remove(it->path(), ec);  // best effort: a leftover is harmless
-      ec.clear();
+    const bool temporary = name.compare(0, prefix.size(), prefix) == 0 &&
+                           name.find(".tmp.") != std::string::npos;
+    // A model file whose checkpoint is missing: the writer died between
+    // the two renames (write_checkpoint writes the model file first).
+    const bool orphan =
+        name.compare(0, prefix.size() - 1, prefix, 1) == 0 &&
+        name.size() > model_suffix.size() &&
+        name.compare(name.size() - model_suffix.size(), model_suffix.size(), model_suffix) == 0 &&
+        !fs::exists(dir + "/" + name.substr(0, name.size() - model_suffix.size()) +
+                    kCheckpointSuffix);
+    if (temporary || orphan) {
+      std::error_code rm;
+      fs::remove(it->path(), rm);  // best effort: a leftover is harmless
     }
   }
 }

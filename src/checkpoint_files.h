@@ -38,7 +38,8 @@ void write_file_atomically(const std::string& dir, const std::string& name,
 // Whole content of a file.
 std::string read_whole_file(const std::string& path);
 
-// Removes temporaries left by a writer that crashed (".checkpoint-*.tmp.*").
+// Removes what a writer that crashed left: temporaries (".checkpoint-*.tmp.*")
+// and model files without their checkpoint.
 void remove_stale_temporaries(const std::string& dir);
 
 // Keeps the newest `keep_last` checkpoints (all when 0), removing older ones

@@ -19,6 +19,7 @@
 #include <zlib.h>
 
 #include <poll.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -301,6 +302,46 @@ TEST(Checkpoint, ACrashBeforeTheRenameLeavesThePreviousCheckpoint) {
   save_checkpoint(dir.path, *net, nullptr, 2, 20);
   EXPECT_FALSE(fs::exists(tmp));
   EXPECT_EQ(load_latest_checkpoint(dir.path)->epoch, 2);
+}
+
+// A full disk (here: a file size limit that the model file fits and the
+// checkpoint, carrying Adam's state, does not) fails the save naming the
+// file and leaves no model file without its checkpoint.
+TEST(Checkpoint, AFullDiskLeavesNoModelFileWithoutItsCheckpoint) {
+  TempDir dir;
+  Net net;
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
+  for (auto& p : net->parameters()) p.mutable_grad() = at::ones_like(p);
+  adam.step();  // exp_avg and exp_avg_sq: the checkpoint is 3x the model
+  TempDir sizes;
+  save_checkpoint(sizes.path, *net, &adam, 1, 1);
+  const size_t model_bytes =
+      fs::file_size(sizes.path + "/checkpoint-epoch000001-step000000000001.model.pt");
+  const size_t ckpt_bytes =
+      fs::file_size(sizes.path + "/checkpoint-epoch000001-step000000000001.ddpckpt");
+  ASSERT_LT(model_bytes + 1024, ckpt_bytes);
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  struct rlimit small = old;
+  small.rlim_cur = (model_bytes + ckpt_bytes) / 2;  // the model file fits, the checkpoint not
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);  // write() fails with EFBIG instead
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string error;
+  try {
+    save_checkpoint(dir.path, *net, &adam, 1, 1);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(error.find(".checkpoint-epoch000001-step000000000001.ddpckpt.tmp."), std::string::npos)
+      << error;
+  EXPECT_TRUE(fs::is_empty(dir.path)) << "left: " << fs::directory_iterator(dir.path)->path();
+  // A model file orphaned by a crash between the renames goes at the next save.
+  std::ofstream(dir.path + "/checkpoint-epoch000001-step000000000001.model.pt") << "x";
+  save_checkpoint(dir.path, *net, &adam, 2, 2);
+  EXPECT_FALSE(fs::exists(dir.path + "/checkpoint-epoch000001-step000000000001.model.pt"));
+  EXPECT_TRUE(fs::exists(dir.path + "/checkpoint-epoch000002-step000000000002.model.pt"));
 }
 
 TEST(Checkpoint, TruncatedAndCorruptFilesNameTheFileAndTheProblem) {

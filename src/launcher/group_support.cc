@@ -25,6 +25,7 @@ StreamRoute stream_route(const LaunchOptions& o, int local_rank, int which,
   const bool redirected = (o.redirects.for_rank(local_rank) & which) != 0;
   const bool teed = (o.tee.for_rank(local_rank) & which) != 0;
   if (shown && !redirected) r.console_fd = which == kStdOut ? STDOUT_FILENO : STDERR_FILENO;
+  r.terminal = r.console_fd >= 0 && ::isatty(r.console_fd) != 0;
   if (prefix) r.prefix = fmt::format("[rank{}]:", o.global_rank(local_rank));
   if (log_all_streams || redirected || teed) {
     r.log_path = dir + (which == kStdOut ? "/stdout.log" : "/stderr.log");

@@ -17,8 +17,41 @@ namespace {
 constexpr std::size_t kMaxLine = 64 * 1024;
 // Lines kept for the summary are cut to this many bytes.
 constexpr std::size_t kMaxTailLine = 2000;
+// Terminal: clear from the cursor to the end of the line.
+constexpr std::string_view kClearToEnd = "\x1b[K";
+
+// Note [Carriage-return updates]
+// A worker that knows it talks to a terminal (DDP_TERMINAL=1 from ddprun)
+// redraws a progress bar with "\r...". With a prefix on a terminal console
+// the relay shows each such piece in place as "\r[rankN]:piece" + clear to
+// the end of the line, and the console's last line is then "open", owned by
+// that stream. While it is open:
+//  - a whole line from another stream clears it, is written, and the open
+//    line is redrawn after it: the bar stays the bottom line, never mixed
+//    into another rank's text;
+//  - the owner's next "\n" ends it (an empty line: the bar as last drawn
+//    stays; a non-empty one replaces it);
+//  - another stream's "\r" update first ends it with a newline;
+//  - the owner's end of stream, or a message of the launcher's own
+//    (end_open_console_line), ends it with a newline.
+// One event-loop thread runs the relay, so this state needs no lock.
+struct OpenLine {
+  uint64_t owner = 0;  // 0: no open line
+  int fd = -1;
+  std::string text;    // as last drawn, for the redraw
+};
+OpenLine open_line;
+uint64_t next_stream_id = 1;
+
+void end_open_line() {
+  if (open_line.owner == 0) return;
+  write_all(open_line.fd, "\n");
+  open_line = OpenLine{};
+}
 
 }  // namespace
+
+void end_open_console_line() { end_open_line(); }
 
 void write_all(int fd, std::string_view text) {
   while (!text.empty()) {
@@ -37,6 +70,7 @@ void write_all(int fd, std::string_view text) {
 }
 
 void launcher_message(std::string_view line) {
+  end_open_line();
   std::string text = "ddprun: ";
   text.append(line);
   text.push_back('\n');
@@ -44,7 +78,7 @@ void launcher_message(std::string_view line) {
 }
 
 OutputStream::OutputStream(int fd, StreamRoute route)
-    : fd_(fd), route_(std::move(route)) {
+    : fd_(fd), id_(next_stream_id++), route_(std::move(route)) {
   if (!route_.log_path.empty()) {
     log_fd_ = ::open(route_.log_path.c_str(),
                      O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
@@ -61,11 +95,13 @@ OutputStream::OutputStream(int fd, StreamRoute route)
 
 OutputStream::OutputStream(OutputStream&& other) noexcept
     : fd_(other.fd_),
+      id_(other.id_),
       log_fd_(other.log_fd_),
       route_(std::move(other.route_)),
       pending_(std::move(other.pending_)),
       tail_(std::move(other.tail_)) {
   other.fd_ = -1;
+  other.id_ = 0;
   other.log_fd_ = -1;
 }
 
@@ -114,12 +150,21 @@ void OutputStream::route(const char* data, std::size_t n) {
                        route_.tail_lines > 0;
   if (!by_line) return;
   pending_.append(data, n);
+  const bool carriage = route_.terminal && route_.console_fd >= 0 && !route_.prefix.empty();
   std::size_t start = 0;
   while (true) {
-    auto nl = pending_.find('\n', start);
-    if (nl == std::string::npos) break;
-    line(std::string_view(pending_).substr(start, nl - start));
-    start = nl + 1;
+    auto end = pending_.find_first_of(carriage ? "\r\n" : "\n", start);
+    if (end == std::string::npos) break;
+    std::string_view piece = std::string_view(pending_).substr(start, end - start);
+    start = end + 1;
+    if (pending_[end] == '\n') {
+      line(piece);
+    } else if (start < pending_.size() && pending_[start] == '\n') {
+      line(piece);  // "\r\n" ends a line
+      ++start;
+    } else {
+      update(piece);  // a "\r\n" split across reads ends as update + empty line
+    }
   }
   pending_.erase(0, start);
   if (pending_.size() >= kMaxLine) {
@@ -131,8 +176,17 @@ void OutputStream::route(const char* data, std::size_t n) {
 void OutputStream::line(std::string_view text) {
   if (route_.console_fd >= 0 && !route_.prefix.empty()) {
     std::string out;
-    out.reserve(route_.prefix.size() + text.size() + 1);
-    out.append(route_.prefix).append(text).push_back('\n');
+    out.reserve(route_.prefix.size() + text.size() + 8);
+    const bool open = route_.terminal && open_line.owner != 0;
+    if (open && open_line.owner == id_) {  // Note [Carriage-return updates]
+      if (!text.empty()) out.append("\r").append(route_.prefix).append(text).append(kClearToEnd);
+      out.push_back('\n');
+      open_line = OpenLine{};
+    } else {
+      if (open) out.append("\r").append(kClearToEnd);
+      out.append(route_.prefix).append(text).push_back('\n');
+      if (open) out.append(open_line.text);
+    }
     write_all(route_.console_fd, out);
   }
   if (route_.tail_lines > 0) {
@@ -141,11 +195,21 @@ void OutputStream::line(std::string_view text) {
   }
 }
 
+void OutputStream::update(std::string_view text) {
+  if (text.empty()) return;
+  if (open_line.owner != id_) end_open_line();
+  std::string out = "\r";
+  out.append(route_.prefix).append(text).append(kClearToEnd);
+  open_line = OpenLine{id_, route_.console_fd, out};
+  write_all(route_.console_fd, out);
+}
+
 void OutputStream::close() {
   if (!pending_.empty()) {
     line(pending_);
     pending_.clear();
   }
+  if (id_ != 0 && open_line.owner == id_) end_open_line();
   if (fd_ >= 0) ::close(fd_);
   if (log_fd_ >= 0) ::close(log_fd_);
   fd_ = -1;

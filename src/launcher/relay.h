@@ -8,11 +8,13 @@
 // different ranks never mix mid-line (a line longer than 64 KiB is passed on
 // in 64 KiB pieces, each a line of its own). Without a prefix (a single rank on
 // the console) bytes pass through as they come, so prompts and progress bars
-// without a newline still show.
+// without a newline still show. With a prefix on a terminal, carriage-return
+// updates (progress bars) show in place: Note [Carriage-return updates].
 //
 // Thread safety: not thread-safe; used by the launcher's event loop only.
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <string>
 #include <string_view>
@@ -33,7 +35,15 @@ struct StreamRoute {
   std::string prefix;      // "[rank3]:", or empty for no prefix
   std::string log_path;    // file to write (created, truncated); empty: none
   std::size_t tail_lines = 0;  // last lines kept for tail()
+  // The console is a terminal: with a prefix, "\r" updates are drawn in
+  // place (Note [Carriage-return updates]); elsewhere "\r" is an ordinary
+  // byte of the line.
+  bool terminal = false;
 };
+
+// Ends a carriage-return line left open on the console (a progress bar), so
+// that the launcher's own message starts on a line of its own.
+void end_open_console_line();
 
 class OutputStream {
  public:
@@ -63,8 +73,10 @@ class OutputStream {
  private:
   void route(const char* data, std::size_t n);
   void line(std::string_view text);
+  void update(std::string_view text);  // a "\r"-terminated piece
 
   int fd_ = -1;
+  uint64_t id_ = 0;  // identifies the owner of the open console line
   int log_fd_ = -1;
   StreamRoute route_;
   std::string pending_;  // an unterminated line

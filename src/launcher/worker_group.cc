@@ -102,6 +102,16 @@ void GroupRun::start_one(int local_rank, bool prefix) {
     // (logging.h) leaves its own "[rankN]: " out.
     cmd.env.push_back("DDP_LOG_RANK_PREFIX=0");
   }
+  StreamRoute out_route = stream_route(o_, local_rank, kStdOut, prefix, dir,
+                                       spec_.log_all_streams);
+  cmd.env.erase(std::remove_if(cmd.env.begin(), cmd.env.end(),
+                               [](const std::string& v) { return v.rfind("DDP_TERMINAL=", 0) == 0; }),
+                cmd.env.end());  // never inherited: only this launcher's console counts
+  if (out_route.terminal) {
+    // The worker's stdout is a pipe, but what it writes reaches a terminal
+    // (Note [Carriage-return updates]): progress bars may be drawn.
+    cmd.env.push_back("DDP_TERMINAL=1");
+  }
   cmd.stdin_null = isatty(STDIN_FILENO) != 0;  // workers are not in the
                                                // terminal's foreground group
   SpawnedWorker sp = spawn_worker(cmd);
@@ -110,8 +120,7 @@ void GroupRun::start_one(int local_rank, bool prefix) {
   w.result.rank = o_.global_rank(local_rank);
   w.result.pid = sp.pid;
   try {
-    w.streams.emplace_back(sp.stdout_fd, stream_route(o_, local_rank, kStdOut, prefix,
-                                                      dir, spec_.log_all_streams));
+    w.streams.emplace_back(sp.stdout_fd, std::move(out_route));
   } catch (...) {
     ::close(sp.stderr_fd);
     throw;

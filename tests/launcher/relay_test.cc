@@ -62,6 +62,57 @@ TEST(LauncherRelay, WithoutPrefixBytesPassAsTheyCome) {
   EXPECT_EQ(relay(r, {"50%\r", "100%\r\n", "no newline"}), "50%\r100%\r\nno newline");
 }
 
+// Note [Carriage-return updates]: on a terminal, "\r" pieces are drawn in
+// place with the prefix, and the owner's newline ends the line; "\r\n" is
+// a line end, also split across reads.
+TEST(LauncherRelay, CarriageReturnUpdatesAreDrawnInPlaceOnATerminal) {
+  StreamRoute r;
+  r.prefix = "[rank0]:";
+  r.terminal = true;
+  EXPECT_EQ(relay(r, {"epoch 1 [#.] 1/2\r", "epoch 1 [##] 2/2\r", "\n", "done\n"}),
+            "\r[rank0]:epoch 1 [#.] 1/2\x1b[K\r[rank0]:epoch 1 [##] 2/2\x1b[K\n"
+            "[rank0]:done\n");
+  EXPECT_EQ(relay(r, {"a\r\nb\r", "\nc"}), "[rank0]:a\n\r[rank0]:b\x1b[K\n[rank0]:c\n");
+  // Not a terminal: "\r" is part of the line.
+  r.terminal = false;
+  EXPECT_EQ(relay(r, {"50%\r100%\n"}), "[rank0]:50%\r100%\n");
+}
+
+// Another rank's line clears the open bar, is written, and the bar is
+// redrawn below it; the bar's owner ending its stream ends the line.
+TEST(LauncherRelay, AnotherRanksLineNeverMixesIntoAnOpenBar) {
+  Pipe bar_in, other_in, console;
+  fcntl(console.fds[0], F_SETFL, O_NONBLOCK);
+  StreamRoute r0, r1;
+  r0.prefix = "[rank0]:";
+  r1.prefix = "[rank1]:";
+  r0.terminal = r1.terminal = true;
+  r0.console_fd = r1.console_fd = console.fds[1];
+  {
+    OutputStream bar(bar_in.fds[0], r0), other(other_in.fds[0], r1);
+    bar_in.write("step 1\r");
+    bar.read_available();
+    other_in.write("hello\n");
+    other.read_available();
+    bar_in.write("step 2\r");
+    bar.read_available();
+    close(bar_in.fds[1]);
+    bar.drain();
+    close(other_in.fds[1]);
+    other.drain();
+  }
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(console.fds[0], buf, sizeof(buf))) > 0) out.append(buf, n);
+  EXPECT_EQ(out,
+            "\r[rank0]:step 1\x1b[K"
+            "\r\x1b[K[rank1]:hello\n\r[rank0]:step 1\x1b[K"
+            "\r[rank0]:step 2\x1b[K\n");
+  close(console.fds[0]);
+  close(console.fds[1]);
+}
+
 TEST(LauncherRelay, KeepsTheLastLinesForTheSummary) {
   StreamRoute r;
   r.tail_lines = 2;

@@ -4,6 +4,10 @@
 // where an uninterrupted run ends, and bad input fails with a clear message.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -81,6 +85,82 @@ TEST_F(DdpTrain, ResumeInsideAnEpochEndsLikeAnUninterruptedRun) {
   for (size_t i = 0; i < a.model.size(); ++i) {
     EXPECT_TRUE(a.model[i].value().equal(b.model[i].value())) << a.model[i].key();
   }
+}
+
+// Every numeric flag has a range and a one-line error naming the flag;
+// "all" is spelled out.
+TEST_F(DdpTrain, BadFlagValuesNameTheFlagAndTheRange) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--epochs", "0"}, "--epochs: must be an integer >= 1, got 0"},
+      {{"--train-samples", "0"}, "--train-samples: must be a count >= 1 or all, got 0"},
+      {{"--test-samples", "-3"}, "--test-samples: must be a count >= 1 or all, got -3"},
+      {{"--max-steps", "0"}, "--max-steps: must be a count >= 1 or all, got 0"},
+      {{"--lr", "-1"}, "--lr: must be a number > 0, got -1"},
+      {{"--batch-size", "x"}, "--batch-size: must be an integer >= 1, got x"},
+  };
+  for (const auto& [flags, message] : cases) {
+    std::vector<std::string> argv = {DDP_TRAIN_PATH};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    ProcessResult r = run_process(argv, {}, 60);
+    EXPECT_NE(r.exit_code, 0) << flags[0];
+    EXPECT_EQ(lines_with(r.out + r.err, message).size(), 1u) << r.out << r.err;
+    EXPECT_EQ((r.out + r.err).find("0000000"), std::string::npos) << r.out << r.err;
+  }
+}
+
+// An output directory that cannot be written fails at start-up, on every
+// rank, naming the flag, the path and the reason; nothing is trained.
+TEST_F(DdpTrain, UnwritableOutputDirectoryFailsAtStartOnEveryRank) {
+  if (::geteuid() == 0) {
+    // root writes anywhere: use a path below a regular file instead.
+    std::ofstream(dir_ + "/file") << "x";
+  } else {
+    std::filesystem::create_directories(dir_ + "/file");
+    std::filesystem::permissions(dir_ + "/file", std::filesystem::perms::owner_read);
+  }
+  const std::string out = dir_ + "/file/out";
+  ProcessResult r = train(out, {"--no-plot"});
+  EXPECT_NE(r.exit_code, 0);
+  for (const char* rank : {"[rank0]:", "[rank1]:"}) {
+    bool named = false;
+    for (const std::string& l : lines_with(r.out + r.err, rank)) {
+      named = named || l.find("ddp-train: --out-dir '" + out + "' cannot be created: Not a "
+                              "directory; choose a writable directory") != std::string::npos ||
+              l.find("ddp-train: --out-dir '" + out + "' cannot be written") != std::string::npos;
+    }
+    EXPECT_TRUE(named) << rank << ":\n" << r.out << r.err;
+  }
+  EXPECT_TRUE(lines_with(r.out, "epoch 1/2").empty()) << r.out;
+}
+
+// Under ddprun on a terminal (a pseudo-terminal from script(1)), rank 0
+// draws a live bar in place, with a real ETA; into a pipe, plain lines
+// carry an ETA too.
+TEST_F(DdpTrain, ProgressBarUnderTheLauncherOnATerminal) {
+  if (::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "script(1) is missing";
+  std::string cmd;
+  for (const std::string& a : {std::string(DDPRUN_PATH), std::string("--standalone"),
+                               std::string("--nproc-per-node"), std::string("2"),
+                               std::string(DDP_TRAIN_PATH), std::string("--out-dir"), dir_ + "/tty",
+                               std::string("--train-samples"), std::string("3840"),
+                               std::string("--test-samples"), std::string("500"),
+                               std::string("--epochs"), std::string("1"),
+                               std::string("--no-plot")}) {
+    cmd += "'" + a + "' ";
+  }
+  ProcessResult r = run_process({"/usr/bin/script", "-qfec", cmd, "/dev/null"}, {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("\r[rank0]:epoch 1/1 ["), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("] 30/30 "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("ETA ?"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("[rank1]:"), std::string::npos) << "rank 0 alone draws: " << r.out;
+  // The same into a pipe: lines, each with an ETA.
+  ProcessResult piped = train(dir_ + "/pipe", {"--no-plot", "--epochs", "1"});
+  ASSERT_EQ(piped.exit_code, 0) << piped.out << piped.err;
+  auto lines = lines_with(piped.out, "epoch 1/1 step 10/30");
+  ASSERT_EQ(lines.size(), 1u) << piped.out;
+  EXPECT_EQ(lines[0].find("ETA ?"), std::string::npos) << lines[0];
+  EXPECT_EQ(piped.out.find('\r'), std::string::npos) << piped.out;
 }
 
 TEST_F(DdpTrain, MissingDataNamesTheFile) {

@@ -10,6 +10,58 @@
 #include "ddp/error.h"
 
 namespace ddp::train {
+namespace {
+
+// Validators with one-line errors ("--epochs: must be an integer >= 1, got
+// 0"); CLI11's own range checks print the type's limits, 310 digits for a
+// double.
+CLI::Validator integer_at_least(long long min) {
+  return CLI::Validator(
+      [min](std::string& s) -> std::string {
+        long long v = 0;
+        if (!CLI::detail::lexical_cast(s, v) || v < min) {
+          return fmt::format("must be an integer >= {}, got {}", min, s);
+        }
+        return "";
+      },
+      fmt::format("INT >= {}", min));
+}
+
+CLI::Validator positive_number() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(s, v) || !(v > 0)) {
+          return fmt::format("must be a number > 0, got {}", s);
+        }
+        return "";
+      },
+      "NUMBER > 0");
+}
+
+// "all" (stored as -1, the default) or a count >= 1.
+void add_count(CLI::App& app, const std::string& flag, int64_t& value, const std::string& help) {
+  app.add_option(flag, value, help + " (a count >= 1, or all)")
+      ->default_str("all")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            long long v = 0;
+            if (s == "all") return "";
+            if (!CLI::detail::lexical_cast(s, v) || v < 1) {
+              return fmt::format("must be a count >= 1 or all, got {}", s);
+            }
+            return "";
+          },
+          "INT >= 1 or all"))
+      ->transform(CLI::Validator(
+          [](std::string& s) -> std::string {
+            if (s == "all") s = "-1";
+            return "";
+          },
+          ""));
+}
+
+}  // namespace
 
 TrainConfig parse_args(int argc, char** argv) {
   ddp::local_rank_from_argv(argc, argv);  // the rank comes from the environment
@@ -17,13 +69,15 @@ TrainConfig parse_args(int argc, char** argv) {
   CLI::App app{
       "ddp-train: data-parallel training of a CNN on Fashion-MNIST.\n"
       "Run it under a launcher, e.g.: ddprun --standalone --nproc-per-node 2 ddp-train"};
-  app.option_defaults()->always_capture_default();
-  app.add_option("--epochs", c.epochs, "Training epochs")->check(CLI::PositiveNumber);
+  // A flag given twice: the last value wins, as in most command lines.
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--epochs", c.epochs, "Training epochs")->check(integer_at_least(1));
   app.add_option("--batch-size", c.batch_size,
                  "Batch size per process (global batch = this x world size)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_at_least(1));
   app.add_option("--lr", c.lr, "Learning rate: the peak of --schedule onecycle (before --scale-lr)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   app.add_option("--schedule", c.schedule,
                  "onecycle (lr/25 up to lr in the first 30% of the steps, then down to lr/25e4, "
                  "cosine: PyTorch's OneCycleLR) or constant")
@@ -37,29 +91,29 @@ TrainConfig parse_args(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--data-dir", c.data_dir, "Directory with the Fashion-MNIST *-ubyte.gz files");
   app.add_option("--workers", c.workers, "Loader threads per process (num_workers)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least(0));
   app.add_option("--out-dir", c.out_dir, "Where rank 0 writes metrics.jsonl and the plot");
   app.add_option("--checkpoint-dir", c.checkpoint_dir,
                  "Checkpoints, one per epoch (default: <out-dir>/checkpoints)");
   app.add_flag("--resume", c.resume, "Continue from the latest checkpoint, if any");
-  app.add_option("--max-steps", c.max_steps, "Stop after this many optimizer steps (quick runs)");
-  app.add_option("--train-samples", c.train_samples,
-                 "Use only the first N training images (quick runs)");
-  app.add_option("--test-samples", c.test_samples, "Use only the first N test images");
+  add_count(app, "--max-steps", c.max_steps, "Stop after this many optimizer steps");
+  add_count(app, "--train-samples", c.train_samples, "Use only the first N training images");
+  add_count(app, "--test-samples", c.test_samples, "Use only the first N test images");
   app.add_flag("--find-unused-parameters", c.find_unused_parameters,
                "DistributedDataParallel's find_unused_parameters");
   app.add_option("--log-every", c.log_every, "Steps between progress lines when not a terminal")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_at_least(1));
   app.add_option("--timeout", c.timeout_s, "Seconds any collective may wait")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   app.add_option("--threads", c.threads, "Torch threads per process (0: OMP_NUM_THREADS or 1)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least(0));
   app.add_flag("--no-plot", c.no_plot, "Do not draw metrics.png");
   auto* faults = app.add_option_group("Fault injection", "For testing failure handling");
   faults->add_option("--fault", c.fault, "crash-in-backward, sigkill, sigstop or exit")
       ->check(CLI::IsMember({"crash-in-backward", "sigkill", "sigstop", "exit"}));
   faults->add_option("--fault-rank", c.fault_rank, "Rank that fails");
-  faults->add_option("--fault-step", c.fault_step, "Optimizer step (1-based) at which it fails");
+  faults->add_option("--fault-step", c.fault_step, "Optimizer step (1-based) at which it fails")
+      ->check(integer_at_least(1));
   faults->add_option("--fault-attempt", c.fault_attempt,
                      "Launcher attempt (TORCHELASTIC_RESTART_COUNT) that fails; -1: every one");
   try {

@@ -24,6 +24,7 @@ struct TrainConfig {
   std::string out_dir = "ddp-train-out";  // metrics.jsonl, plot, checkpoints
   std::string checkpoint_dir;  // default: <out_dir>/checkpoints
   bool resume = false;
+  // -1 ("all", the flags' absence): no limit; else >= 1.
   int64_t max_steps = -1;      // stop after this many optimizer steps
   int64_t train_samples = -1;  // use the first N training images (tests)
   int64_t test_samples = -1;   // use the first N test images (tests)

@@ -25,13 +25,15 @@ std::string clock_text(double seconds) {
 
 }  // namespace
 
-Progress::Progress(bool terminal, int log_every, int epoch, int epochs, int64_t steps_in_epoch)
+Progress::Progress(bool terminal, int log_every, int epoch, int epochs, int64_t steps_in_epoch,
+                   int64_t first_step)
     : terminal_(terminal),
       log_every_(log_every),
       epoch_(epoch),
       epochs_(epochs),
       steps_(steps_in_epoch),
-      start_(std::chrono::steady_clock::now()) {}
+      start_(std::chrono::steady_clock::now()),
+      start_step_(first_step) {}
 
 bool Progress::due(int64_t step) const {
   // A bar is redrawn often, lines every log_every steps; the last step
@@ -42,10 +44,6 @@ bool Progress::due(int64_t step) const {
 
 void Progress::show(int64_t step, double loss, double accuracy, double samples_per_s) {
   auto now = std::chrono::steady_clock::now();
-  if (start_step_ < 0) {
-    start_step_ = step;
-    start_ = now;
-  }
   double elapsed = std::chrono::duration<double>(now - start_).count();
   double per_step = step > start_step_ ? elapsed / double(step - start_step_) : 0.0;
   std::string eta = per_step > 0 ? clock_text(per_step * double(steps_ - step)) : "?";
@@ -68,6 +66,30 @@ void Progress::finish() {
     std::fputs("\n", stdout);
     std::fflush(stdout);
   }
+}
+
+bool stdout_reaches_terminal() {
+  const char* relayed = std::getenv("DDP_TERMINAL");
+  return ::isatty(STDOUT_FILENO) != 0 || (relayed && std::string(relayed) == "1");
+}
+
+std::string directory_problem(const std::string& flag, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return fmt::format("{} '{}' cannot be created: {}", flag, dir, ec.message());
+  const std::string probe = fmt::format("{}/.ddp-train-probe.{}", dir, ::getpid());
+  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return fmt::format("{} '{}' cannot be written: {}", flag, dir, std::strerror(errno));
+  }
+  const bool wrote = ::write(fd, "x", 1) == 1;
+  const int write_errno = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!wrote) {
+    return fmt::format("{} '{}' cannot be written: {}", flag, dir, std::strerror(write_errno));
+  }
+  return "";
 }
 
 void append_metrics(const std::string& path, const EpochRecord& r) {

@@ -29,7 +29,10 @@ struct EpochRecord {
 // the ranks can reduce the shown numbers together.
 class Progress {
  public:
-  Progress(bool terminal, int log_every, int epoch, int epochs, int64_t steps_in_epoch);
+  // `first_step`: steps of this epoch already done (a resumed epoch); the
+  // ETA is the time per step since construction times the steps left.
+  Progress(bool terminal, int log_every, int epoch, int epochs, int64_t steps_in_epoch,
+           int64_t first_step = 0);
   bool due(int64_t step_in_epoch) const;
   // Rank 0 only: draw the bar or print the line.
   void show(int64_t step_in_epoch, double loss, double accuracy, double samples_per_s);
@@ -42,8 +45,18 @@ class Progress {
   int epoch_, epochs_;
   int64_t steps_;
   std::chrono::steady_clock::time_point start_;
-  int64_t start_step_ = -1;
+  int64_t start_step_ = 0;
 };
+
+// Whether rank 0's progress goes to a terminal: its stdout is one, or
+// ddprun relays it to one (DDP_TERMINAL=1, Note [Carriage-return updates]).
+bool stdout_reaches_terminal();
+
+// Rank 0, at start-up: "" when `dir` can be created and written (a file is
+// created and removed there), else what went wrong, naming `flag` and the
+// path, so that a bad directory fails the run at once, not at the first
+// checkpoint an epoch later.
+std::string directory_problem(const std::string& flag, const std::string& dir);
 
 // Appends one JSON line to `path` (created if needed) and fsyncs it.
 // Throws ddp::InvalidArgument naming the file when it cannot be written.

@@ -102,7 +102,16 @@ void set_up(Run& r) {
   const int64_t shard = (r.train_size + r.world - 1) / r.world;
   r.total_steps = std::max<int64_t>(c.epochs * ((shard + c.batch_size - 1) / c.batch_size), 1);
   torch::manual_seed(c.seed + 1 + static_cast<uint64_t>(r.rank));  // own dropout masks
-  r.terminal = broadcast_value<int>(r.rank == 0 && ::isatty(STDOUT_FILENO), 0) != 0;
+  r.terminal = broadcast_value<int>(r.rank == 0 && stdout_reaches_terminal(), 0) != 0;
+  // Output and checkpoint directories: checked now on rank 0 (which writes
+  // them), failing every rank alike, not at the first checkpoint.
+  std::string problem;
+  if (r.rank == 0) problem = directory_problem("--out-dir", c.out_dir);
+  if (r.rank == 0 && problem.empty()) problem = directory_problem("--checkpoint-dir", c.checkpoint_dir);
+  problem = broadcast_string(problem, 0);
+  if (!problem.empty()) {
+    throw InvalidArgument("ddp-train: " + problem + "; choose a writable directory");
+  }
 }
 
 void maybe_resume(Run& r) {
@@ -220,7 +229,7 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
   lo.workers = c.workers;
   datasets::BatchLoader loader(
       [&](c10::ArrayRef<int64_t> idx) { return r.train_set->get_batch(idx); }, indices, lo);
-  Progress progress(r.terminal, c.log_every, epoch + 1, c.epochs, batches);
+  Progress progress(r.terminal, c.log_every, epoch + 1, c.epochs, batches, done);
   Metrics epoch_m, window;
   auto start = Clock::now(), window_start = start;
   r.model->train();
@@ -252,7 +261,7 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
     }
     if (stop) break;
   }
-  progress.finish();
+  if (r.rank == 0) progress.finish();
   rec.epoch_time_s = seconds_since(start);
   ReducedMetrics e = epoch_m.reduce();
   rec.train_loss = e.value("loss");
