@@ -10,6 +10,7 @@
 #include <mutex>
 #include <strings.h>
 
+#include "ddp/env.h"
 #include "ddp/error.h"
 #include "ddp/process_group.h"
 
@@ -19,14 +20,26 @@ namespace {
 std::mutex g_write_mu;
 std::atomic<int> g_level{-1};  // -1: not yet read from DDP_LOG_LEVEL
 
-// The rank for prefixes and the rank-0 filter: the thread's default group,
-// or rank 0 without one.
+// The rank the launch environment gives this process (RANK, SLURM_PROCID,
+// OMPI_COMM_WORLD_RANK), 0 without one or when it is malformed (the error
+// comes from init_process_group, not from a log line).
+int launch_rank() {
+  try {
+    return read_launch_env().rank;
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
+// The rank for prefixes and the rank-0 filter: the thread's default group;
+// before one exists (or after it is destroyed), the launch environment's, so
+// that a process started with RANK=1 never labels itself rank 0.
 int current_rank() {
-  if (!is_initialized()) return 0;
+  if (!is_initialized()) return launch_rank();
   try {
     return get_rank();
   } catch (const Error&) {
-    return 0;  // destroyed concurrently: treat as a single process
+    return launch_rank();  // destroyed concurrently
   }
 }
 

@@ -252,8 +252,30 @@ std::string timeout_message(const Arrival& a, int64_t arrived) {
       fmt::join(missing, ", "), a.size);
 }
 
+// The first rank to arrive records its world size; a rank given another
+// fails, and makes every rank fail at once naming both values (else the
+// job would end after the whole timeout in a Gloo socket error).
+void check_world_size(const Arrival& a) {
+  const std::string mine = std::to_string(a.size);
+  std::vector<uint8_t> seen;
+  try {
+    seen = a.store.compareSet("world_size", {}, std::vector<uint8_t>(mine.begin(), mine.end()));
+  } catch (const std::exception&) {
+    return;  // a store without compare-and-set (a user's own): no check
+  }
+  const std::string first(seen.begin(), seen.end());
+  if (first == mine) return;
+  publish_and_fail(a, 'I', fmt::format(
+      "the ranks disagree on the world size at the rendezvous {}: rank {} was started with "
+      "WORLD_SIZE={}, but the ranks before it with WORLD_SIZE={}. Give every process of the "
+      "job the same WORLD_SIZE (under a launcher: the same --nnodes and --nproc-per-node on "
+      "every node)",
+      a.address, a.rank, mine, first));
+}
+
 void await_arrivals(const Arrival& a) {
   const auto deadline = Clock::now() + a.timeout;
+  check_world_size(a);
   if (a.store.add(fmt::format("rank/{}", a.rank), 1) > 1) {
     a.store.add("duplicates", 1);
     publish_and_fail(a, 'I', fmt::format(

@@ -52,6 +52,20 @@ TEST_F(LoggingTest, WithoutAProcessGroupTheCallerIsRankZero) {
             "single\nprocess\n[rank0]: all\n");
 }
 
+// Before init_process_group, a process started with RANK=1 is rank 1 in
+// its messages (and not rank 0 for print0).
+TEST_F(LoggingTest, WithoutAProcessGroupTheLaunchEnvironmentsRankCounts) {
+  ::setenv("RANK", "1", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::testing::internal::CaptureStdout();
+  print0("not shown");
+  print_all("all");
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  EXPECT_EQ(out, "[rank1]: all\n");
+}
+
 TEST_F(LoggingTest, PrintAllPrefixesEveryLineWithTheRank) {
   ::testing::internal::CaptureStdout();
   run_ranks(2, [](int r) { print_all("a\nb" + std::to_string(r)); });

@@ -167,6 +167,26 @@ TEST(ProcessGroupProcesses, TwoProcessesClaimingOneRankBothFailSayingSo) {
   }
 }
 
+// RANK=0 WORLD_SIZE=2 beside RANK=1 WORLD_SIZE=3: both fail at once, naming
+// both values, instead of a Gloo socket timeout after the full timeout.
+TEST(ProcessGroupProcesses, WorldSizeMismatchIsNamedOnEveryRankAtOnce) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  Stopwatch watch;
+  auto results = run_ranks({{tcp_args(url, 0, 2, "30000", "allreduce")},
+                            {tcp_args(url, 1, 3, "30000", "allreduce")}},
+                           60);
+  EXPECT_LT(watch.seconds(), 25.0) << "must not wait for the 30 s timeout";
+  for (size_t i = 0; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].exit_code, 2) << i << ":\n" << results[i].output;
+    EXPECT_TRUE(has(results[i].output, "error InvalidArgument: the ranks disagree on the world "
+                                       "size at the rendezvous 127.0.0.1:"))
+        << i << ":\n" << results[i].output;
+    EXPECT_TRUE(has(results[i].output, "WORLD_SIZE=3, but the ranks before it with WORLD_SIZE=2") ||
+                has(results[i].output, "WORLD_SIZE=2, but the ranks before it with WORLD_SIZE=3"))
+        << i << ":\n" << results[i].output;
+  }
+}
+
 TEST(ProcessGroupProcesses, TwoProcessesClaimingRankZeroBothFailSayingSo) {
   const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
   Stopwatch watch;

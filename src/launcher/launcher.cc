@@ -1,7 +1,6 @@
 #include "launcher/launcher.h"
 
 #include <fmt/format.h>
-#include <ftw.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 #include "launcher/group_support.h"
 #include "launcher/net.h"
 #include "launcher/relay.h"
+#include "launcher/run_dir.h"
 #include "launcher/spawn.h"
 #include "launcher/summary.h"
 #include "launcher/worker_group.h"
@@ -21,45 +21,6 @@ extern char** environ;
 
 namespace ddp::launcher {
 namespace {
-
-int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
-  return ::remove(path);
-}
-
-// Where the attempts' files go: log files and error files. Removed at the
-// end unless it holds logs the user asked for.
-class RunDir {
- public:
-  explicit RunDir(const LaunchOptions& o) {
-    keep_ = !o.log_dir.empty() || o.redirects.any() || o.tee.any();
-    const char* tmp = std::getenv("TMPDIR");
-    std::string base = !o.log_dir.empty() ? o.log_dir : (tmp && *tmp ? tmp : "/tmp");
-    make_directories(base);
-    std::string id = o.run_id;
-    for (char& c : id) c = (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-') ? c : '_';
-    std::string tmpl = fmt::format("{}/{}{}_XXXXXX", base, o.log_dir.empty() ? "ddprun_" : "", id);
-    if (!::mkdtemp(tmpl.data())) {
-      throw InvalidArgument(fmt::format("could not create a directory in '{}': {}{}", base,
-                                        std::strerror(errno),
-                                        o.log_dir.empty() ? " (set TMPDIR)" : " (check --log-dir)"));
-    }
-    path_ = tmpl;
-    if (keep_) launcher_message(fmt::format("log files of every rank in {}", path_));
-  }
-  ~RunDir() {
-    if (!keep_) nftw(path_.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-  }
-  RunDir(const RunDir&) = delete;
-  RunDir& operator=(const RunDir&) = delete;
-
-  std::string attempt_dir(int restart_count) const {
-    return fmt::format("{}/attempt_{}", path_, restart_count);
-  }
-
- private:
-  std::string path_;
-  bool keep_ = false;
-};
 
 struct Job {
   const LaunchOptions& o;

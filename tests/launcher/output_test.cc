@@ -2,6 +2,10 @@
 // [rankN]: prefixes on whole lines, the console filter, log files per rank
 // per restart, --redirects and --tee.
 #include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -133,6 +137,43 @@ TEST_F(LauncherTest, NoLogsLeaveNoDirectory) {
   while (dirent* e = readdir(d)) entries += e->d_name[0] != '.';
   closedir(d);
   EXPECT_EQ(entries, 0);  // the error-file directory was removed
+}
+
+// The run directory names of `dir` ("ddprun_..."), sorted.
+std::vector<std::string> run_dirs_in(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  while (dirent* e = d ? readdir(d) : nullptr) {
+    if (std::string(e->d_name).rfind("ddprun_", 0) == 0) names.push_back(e->d_name);
+  }
+  if (d) closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A ddprun killed with SIGKILL leaves its run directory; the next ddprun of
+// the user removes it (its owner is gone) but not a directory it cannot
+// judge (no owner file).
+TEST_F(LauncherTest, ARunDirectoryLeftByAKilledLauncherIsRemovedByTheNext) {
+  const std::string tmp = path("tmp");
+  ASSERT_EQ(::mkdir(tmp.c_str(), 0700), 0);
+  auto e = env();
+  e.push_back("TMPDIR=" + tmp);
+  {
+    TestProcess p(command({"--nproc-per-node", "2"},
+                          {"--ready", path("up"), "--steps", "6000", "--step-seconds", "0.1"}),
+                  e);
+    ASSERT_TRUE(wait_for_file(path("up.0"), 30) && wait_for_file(path("up.1"), 30));
+    p.send_signal(SIGKILL);
+    EXPECT_EQ(p.wait(30).signal, SIGKILL);
+  }
+  expect_no_survivors();
+  const auto left = run_dirs_in(tmp);
+  ASSERT_EQ(left.size(), 1u) << "the killed launcher's directory";
+  ASSERT_EQ(::mkdir((tmp + "/ddprun_foreign_x").c_str(), 0700), 0);
+  auto r = run(command({"--nproc-per-node", "2"}, {"--steps", "1"}), {"TMPDIR=" + tmp});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(run_dirs_in(tmp), std::vector<std::string>{"ddprun_foreign_x"}) << left[0];
 }
 
 }  // namespace
