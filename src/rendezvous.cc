@@ -22,6 +22,7 @@
 #include "compat/torch_compat.h"
 #include "ddp/env.h"
 #include "ddp/error.h"
+#include "port_holder.h"
 
 namespace ddp::detail {
 namespace {
@@ -127,11 +128,13 @@ c10::intrusive_ptr<c10d::Store> tcp_store(const std::string& host, int port,
       throw;
     } catch (const std::exception& e) {
       if (is_server) {
+        const std::string holder = port_holder(port);
         throw CommError(fmt::format(
             "rank {} could not host the rendezvous store on port {}: {}. The "
-            "port is probably in use by another job or a previous run: set "
-            "MASTER_PORT to a free port (or use ddprun --standalone)",
-            rank, port, inner_message(e)));
+            "port is {}: set MASTER_PORT to a free port (or use ddprun --standalone)",
+            rank, port, inner_message(e),
+            holder.empty() ? "probably in use by another job or a previous run"
+                           : "held by " + holder));
       }
       // c10d's client stops retrying about a second before its timeout
       // (at once for timeouts under ~2 s): retry until our own deadline.
@@ -396,6 +399,13 @@ c10::intrusive_ptr<c10d::Store> env_store(const InitOptions& o, Rendezvous& r,
     // listens on the network (Gloo binds 127.0.0.1 for a loopback master).
     r.address = file;
     return c10::make_intrusive<c10d::FileStore>(file, r.size);
+  }
+  if (r.size == 1 && !env.use_agent_store) {
+    // A world of one meets nobody: a store in this process, no port, so
+    // that two single-process runs on one machine never collide on
+    // MASTER_PORT.
+    r.address = "an in-process store (world of one)";
+    return c10::make_intrusive<c10d::HashStore>();
   }
   hosts_store = r.rank == 0 && !env.use_agent_store;
   r.tcp_host = env.master_addr;

@@ -5,6 +5,7 @@
 #include "ddp/process_group.h"
 
 #include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -234,8 +235,34 @@ TEST(ProcessGroup, PortInUseIsNamedWithinSeconds) {
                         std::to_string(busy.port())),
               std::string::npos) << what;
     EXPECT_NE(what.find("set MASTER_PORT to a free port"), std::string::npos) << what;
+    // This process holds it: named with its pid.
+    EXPECT_NE(what.find("The port is held by pid " + std::to_string(::getpid()) + " ("),
+              std::string::npos) << what;
   }
   EXPECT_LT(watch.seconds(), 15.0) << "a busy port must fail fast, not after the timeout";
+}
+
+// A world of one needs no TCP store: a single process whose MASTER_PORT is
+// busy (another single-process run on the machine) still starts.
+TEST(ProcessGroup, AWorldOfOneUsesNoPort) {
+  testing::ListeningSocket busy;
+  ::setenv("MASTER_PORT", std::to_string(busy.port()).c_str(), 1);
+  InitOptions o;
+  o.timeout = 10s;
+  ProcessGroupPtr g;
+  try {
+    g = new_process_group(o);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+  ::unsetenv("MASTER_PORT");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->size(), 1);
+  at::Tensor t = at::ones({3});
+  CollectiveOptions co;
+  co.group = g;
+  all_reduce(t, ReduceOp::SUM, co);
+  EXPECT_TRUE(t.eq(1).all().item<bool>());
 }
 
 TEST(ProcessGroup, RankThatNeverArrivesTimesOutNamingIt) {

@@ -45,7 +45,8 @@ struct InitOptions {
   //                       TCP store there. When DDP_RENDEZVOUS_FILE is set
   //                       (ddprun --standalone sets it), the ranks meet in
   //                       that file instead and nothing listens on the
-  //                       network;
+  //                       network. A world of one (no rank variables, or
+  //                       WORLD_SIZE=1) uses an in-process store: no port;
   //   "tcp://host:port"   rank 0 hosts the store on port; rank and
   //                       world_size below must be set;
   //   "file:///abs/path"  a file on a shared file system; rank and world_size

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "ddp/error.h"
+#include "port_holder.h"
 
 namespace ddp::launcher {
 namespace {
@@ -52,11 +53,11 @@ int bind_any(int port) {
 }
 
 InvalidArgument port_taken(int port, const std::string& reason) {
+  const std::string holder = detail::port_holder(port);
   return InvalidArgument(fmt::format(
-      "--master-port {} cannot be used on this host ({}): another job or a "
-      "previous run holds it. Pass a free port with --master-port, or use "
-      "--standalone on a single node",
-      port, reason));
+      "--master-port {} cannot be used on this host ({}): {} holds it. Pass a "
+      "free port with --master-port, or use --standalone on a single node",
+      port, reason, holder.empty() ? "another job or a previous run" : holder));
 }
 
 // Waits for a non-blocking connect; returns 0 or the errno of the failure.
