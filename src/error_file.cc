@@ -51,6 +51,16 @@ bool write_atomically(const std::string& path, const std::string& text) {
   return true;
 }
 
+// Whether an error followed the loss of a peer (ddprun's Note [Root
+// cause]): the texts ddp puts on such errors (work.cc, shm_protocol.cc).
+bool follows_lost_peer(const std::string& message) {
+  for (const char* sign : {"a peer rank closed its connection", "because another rank failed first",
+                           "exited while this collective was running"}) {
+    if (message.find(sign) != std::string::npos) return true;
+  }
+  return false;
+}
+
 bool write_error_file(const std::string& message, const std::string& detail) {
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (path == nullptr || *path == '\0') return false;
@@ -63,6 +73,10 @@ bool write_error_file(const std::string& message, const std::string& detail) {
   j["message"]["extraInfo"]["py_callstack"] = detail;
   j["message"]["extraInfo"]["timestamp"] =
       std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now).count());
+  // ddprun's (Note [Root cause]); torchrun ignores them.
+  j["message"]["extraInfo"]["ddp_timestamp_us"] =
+      std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(now).count());
+  j["message"]["extraInfo"]["ddp_lost_peer"] = follows_lost_peer(message) ? "1" : "0";
   return write_atomically(path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 

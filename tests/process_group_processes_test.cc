@@ -342,6 +342,30 @@ TEST(ProcessGroupProcesses, UncaughtErrorIsWrittenToTheLaunchersErrorFile) {
   EXPECT_TRUE(has(json, "\"timestamp\": \"")) << json;
 }
 
+// ddprun's Note [Root cause]: rank 0 fails first but exits last (ddprun
+// even stops it); rank 1 sees it go, fails and exits first. The summary
+// blames rank 0 and lists rank 1 as a consequence. Over Gloo (DDP_SHM=0):
+// the peer notices the closed connection (shared memory would wait for
+// the still-living pid).
+TEST(ProcessGroupProcesses, DdprunBlamesTheFirstFailureNotTheFirstExit) {
+#ifndef DDPRUN_PATH
+  GTEST_SKIP() << "ddprun is not built (DDP_BUILD_TOOLS=OFF)";
+#else
+  TempDir dir;
+  Child run({DDPRUN_PATH, "--nproc-per-node", "2", "--master-port", std::to_string(free_port()),
+             kWorker, "env://", "-1", "-1", "30000", "fail-first", "gloo", "20000"},
+            clean_env({"DDP_SHM=0"}), dir.path() + "/ddprun.out");
+  ChildResult r = run.wait(90);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "Root cause (first observed failure): rank 0 (local_rank 0)"))
+      << r.output;
+  EXPECT_TRUE(has(r.output, "rank 0: the first failure")) << r.output;
+  EXPECT_TRUE(has(r.output, "rank 1 (local_rank 1): failed too (exit code 4), a consequence: it "
+                            "lost its connection to a failed rank"))
+      << r.output;
+#endif
+}
+
 TEST(ProcessGroupProcesses, UncaughtErrorShowsInPythonTorchrunsSummary) {
   if (!python_torchrun_available()) GTEST_SKIP() << ddp::testing::kNoOracle;
   TempDir dir;

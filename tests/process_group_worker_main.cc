@@ -16,6 +16,10 @@
 //   uncaught   throws ddp::InvalidArgument("rank R: deliberate uncaught
 //              error") out of main(): the terminate handler installed by
 //              init_process_group writes TORCHELASTIC_ERROR_FILE, then aborts
+//   fail-first rank 0 records an error (TORCHELASTIC_ERROR_FILE), leaves the
+//              group (its peers, in an all_reduce, see it go) and exits
+//              only 3 s later (a slow exit); the others fail at once
+//              (ddprun's Note [Root cause])
 // then, for allreduce, a barrier and destroy_process_group().
 // Errors go to stderr as "error <Type>: <message>"; the exit code says the
 // type: 2 InvalidArgument, 3 TimeoutError, 4 CommError, 5 other,
@@ -37,6 +41,7 @@ namespace {
 
 int fail(const char* type, int code, const std::exception& e) {
   std::fprintf(stderr, "error %s: %s\n", type, e.what());
+  ddp::record_error(e);  // as a ddp program does (for its launcher's summary)
   return code;
 }
 
@@ -67,6 +72,14 @@ int run(int argc, char** argv) {
   if (action == "exit") std::_Exit(0);
   if (action == "uncaught") {
     throw ddp::InvalidArgument("rank " + std::to_string(rank) + ": deliberate uncaught error");
+  }
+  if (action == "fail-first" && rank == 0) {
+    ddp::record_error(ddp::InvalidArgument("rank 0: the first failure"));
+    std::fprintf(stderr, "rank 0: the first failure\n");
+    std::fflush(stderr);
+    ddp::destroy_process_group();
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    return 7;
   }
   if (action == "sleep") {
     std::this_thread::sleep_for(std::chrono::seconds(60));

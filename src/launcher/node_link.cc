@@ -132,7 +132,8 @@ nlohmann::json to_json(const FailureReport& r) {
           {"pid", r.pid},             {"exit_code", r.exit_code},
           {"signal", r.signal},       {"time", r.time},
           {"stderr_tail", r.stderr_tail}, {"error_file", r.error_file},
-          {"error_message", r.error_message}};
+          {"error_message", r.error_message},
+          {"stopped_after_error", r.stopped_after_error}};
 }
 
 FailureReport failure_from_json(const nlohmann::json& j) {
@@ -148,6 +149,7 @@ FailureReport failure_from_json(const nlohmann::json& j) {
   r.stderr_tail = j.value("stderr_tail", std::vector<std::string>{});
   r.error_file = j.value("error_file", "");
   r.error_message = j.value("error_message", "");
+  r.stopped_after_error = j.value("stopped_after_error", false);
   return r;
 }
 

@@ -67,6 +67,36 @@ std::string read_error_message(const std::string& path) {
   }
 }
 
+void read_error_facts(WorkerResult& w) {
+  if (w.error_file.empty()) return;
+  try {
+    std::ifstream in(w.error_file);
+    const auto j = nlohmann::json::parse(in);
+    const auto& extra = j.at("message").at("extraInfo");
+    if (extra.contains("ddp_timestamp_us")) {
+      w.error_time = std::stod(extra["ddp_timestamp_us"].get<std::string>()) / 1e6;
+    }
+    w.lost_peer = extra.value("ddp_lost_peer", std::string("0")) == "1";
+  } catch (const std::exception&) {
+    // torchrun's format without our fields, or unreadable: the end time counts
+  }
+}
+
+int pick_root_cause(const std::vector<WorkerResult>& workers, int first_seen) {
+  auto candidate = [](const WorkerResult& w) {
+    return w.end == WorkerEnd::kFailed || (w.end == WorkerEnd::kStopped && w.error_time > 0);
+  };
+  auto key = [](const WorkerResult& w) {
+    return std::make_pair(w.lost_peer ? 1 : 0, w.error_time > 0 ? w.error_time : w.end_time);
+  };
+  int best = first_seen;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (!candidate(workers[i])) continue;
+    if (best < 0 || key(workers[i]) < key(workers[best])) best = static_cast<int>(i);
+  }
+  return best;
+}
+
 FailureReport make_failure_report(const WorkerResult& w, int node_rank) {
   FailureReport r;
   r.node_rank = node_rank;
@@ -76,7 +106,8 @@ FailureReport make_failure_report(const WorkerResult& w, int node_rank) {
   r.pid = w.pid;
   r.exit_code = w.exit_code;
   r.signal = w.signal;
-  r.time = w.end_time;
+  r.time = w.error_time > 0 ? w.error_time : w.end_time;
+  r.stopped_after_error = w.end == WorkerEnd::kStopped;
   r.stderr_tail = w.stderr_tail;
   r.error_file = w.error_file;
   if (!w.error_file.empty()) r.error_message = read_error_message(w.error_file);
@@ -86,16 +117,22 @@ FailureReport make_failure_report(const WorkerResult& w, int node_rank) {
 std::string root_cause_line(const FailureReport& r) {
   return fmt::format("rank {} (local_rank {}) on node {} ({}) failed: {}", r.rank,
                      r.local_rank, r.node_rank, r.host,
-                     describe_end(r.exit_code, r.signal));
+                     r.stopped_after_error
+                         ? "it recorded an error, then ddprun stopped it (" +
+                               describe_end(r.exit_code, r.signal) + ")"
+                         : describe_end(r.exit_code, r.signal));
 }
 
 std::string describe_worker(const WorkerResult& w) {
   switch (w.end) {
     case WorkerEnd::kSucceeded: return "finished (exit code 0)";
     case WorkerEnd::kStopped:
-      return fmt::format("stopped by ddprun ({})", describe_end(w.exit_code, w.signal));
+      return fmt::format("stopped by ddprun ({}){}", describe_end(w.exit_code, w.signal),
+                         w.error_time > 0 ? " after recording an error" : "");
     case WorkerEnd::kFailed:
-      return fmt::format("failed too ({})", describe_end(w.exit_code, w.signal));
+      return fmt::format("failed too ({}){}", describe_end(w.exit_code, w.signal),
+                         w.lost_peer ? ", a consequence: it lost its connection to a failed rank"
+                                     : "");
     case WorkerEnd::kRunning: break;
   }
   return fmt::format("still running after SIGKILL (pid {})", w.pid);
@@ -111,7 +148,8 @@ std::string format_summary(const std::string& title, const FailureReport& r,
                      r.local_rank, r.node_rank);
   out += fmt::format("  host       : {}\n", r.host);
   out += fmt::format("  exit       : {} (pid {})\n", describe_end(r.exit_code, r.signal), r.pid);
-  out += fmt::format("  time       : {}\n", local_time(r.time));
+  out += fmt::format("  time       : {}{}\n", local_time(r.time),
+                     r.error_file.empty() ? "" : " (its error)");
   out += fmt::format("  error_file : {}\n", r.error_file.empty() ? "<none>" : r.error_file);
   if (!r.error_message.empty()) {
     out += "  message    :\n";

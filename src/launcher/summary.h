@@ -27,6 +27,9 @@ struct FailureReport {
   std::vector<std::string> stderr_tail;
   std::string error_file;     // path, empty when the worker wrote none
   std::string error_message;  // from the error file (with its traceback)
+  // It recorded its error and was then stopped by ddprun (before it could
+  // exit on its own): Note [Root cause].
+  bool stopped_after_error = false;
 };
 
 // This host's name.
@@ -39,6 +42,26 @@ std::string describe_end(int exit_code, int signal);
 // "extraInfo": {"py_callstack": ...}}} or {"message": "..."}), or a note
 // saying why it could not be read.
 std::string read_error_message(const std::string& path);
+
+// Note [Root cause]
+// The root cause of a failed group is the first failure in time, not the
+// first exit ddprun happens to reap: a rank may record its error and take a
+// while to exit (or be stopped by ddprun before it does), while a peer that
+// lost it fails and exits at once. A ddp program's error file holds when the
+// error was recorded (microseconds) and whether it followed the loss of a
+// peer ("a peer rank closed its connection", "another rank failed first", a
+// co-located rank that exited). Among the failed workers, and the stopped
+// ones that had recorded an error, the root cause is the earliest that did
+// not lose a peer, else the earliest; a worker without an error file counts
+// at the time ddprun saw it end.
+
+// Reads the error file's time and lost-peer flag into `worker` (nothing
+// when it has none, or one without them: torchrun-style programs).
+void read_error_facts(WorkerResult& worker);
+
+// The index of the root cause among `workers`, by Note [Root cause];
+// `first_seen` (the first failure reaped) when no other comes first.
+int pick_root_cause(const std::vector<WorkerResult>& workers, int first_seen);
 
 // A report of a local worker (reads its error file).
 FailureReport make_failure_report(const WorkerResult& worker, int node_rank);

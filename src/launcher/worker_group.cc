@@ -16,6 +16,7 @@
 #include "launcher/group_support.h"
 #include "launcher/relay.h"
 #include "launcher/spawn.h"
+#include "launcher/summary.h"
 
 extern char** environ;
 
@@ -299,7 +300,11 @@ void GroupRun::finish() {
     for (OutputStream& s : w.streams) s.close();
     w.result.stderr_tail = w.streams[1].tail();
     w.result.error_file = existing_error_file(spec_.attempt_dir, w.result.local_rank);
+    read_error_facts(w.result);
     result_.workers.push_back(w.result);
+  }
+  if (result_.outcome == GroupOutcome::kFailed) {
+    result_.root_cause = pick_root_cause(result_.workers, result_.root_cause);
   }
   kill_stray_children();
 }

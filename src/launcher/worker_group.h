@@ -46,6 +46,11 @@ struct WorkerResult {
   double end_time = 0;  // seconds since the epoch
   std::vector<std::string> stderr_tail;  // its last stderr lines
   std::string error_file;  // TORCHELASTIC_ERROR_FILE if the worker wrote it
+  // From the error file (ddp programs write both): when the error was
+  // recorded (seconds since the epoch, 0: no error file or no time), and
+  // whether it followed the loss of a peer (Note [Root cause]).
+  double error_time = 0;
+  bool lost_peer = false;
 };
 
 enum class GroupOutcome {

@@ -57,5 +57,50 @@ TEST(LauncherSummary, RootCauseFirstThenTheOthers) {
   EXPECT_THAT(s, Not(HasSubstr("  rank 5 (local_rank 1):")));  // not listed twice
 }
 
+// Note [Root cause]: rank 1 lost its peer and exited first; rank 0 recorded
+// its error earlier and was stopped by ddprun before it exited. Rank 0 is the
+// root cause, rank 1 is listed as a consequence.
+TEST(LauncherSummary, RootCauseIsTheFirstFailureInTimeNotTheFirstExit) {
+  std::string dir = testing::make_temp_dir();
+  std::ofstream(dir + "/0.json") << R"({"message": {"message": "ddp::InvalidArgument: bad",
+      "extraInfo": {"timestamp": "1", "ddp_timestamp_us": "1000000500000", "ddp_lost_peer": "0"}}})";
+  std::ofstream(dir + "/1.json") << R"({"message": {"message": "ddp::CommError: closed",
+      "extraInfo": {"timestamp": "1", "ddp_timestamp_us": "1000000600000", "ddp_lost_peer": "1"}}})";
+  std::vector<WorkerResult> w(3);
+  for (int i = 0; i < 3; ++i) {
+    w[i].rank = w[i].local_rank = i;
+    w[i].end_time = 1000000.0 + i;
+  }
+  w[0].end = WorkerEnd::kStopped;
+  w[0].signal = SIGTERM;
+  w[0].end_time = 1000002.0;  // stopped last
+  w[0].error_file = dir + "/0.json";
+  w[1].end = WorkerEnd::kFailed;
+  w[1].exit_code = 4;
+  w[1].end_time = 1000000.7;  // reaped first
+  w[1].error_file = dir + "/1.json";
+  w[2].end = WorkerEnd::kStopped;
+  w[2].signal = SIGTERM;
+  for (auto& x : w) read_error_facts(x);
+  EXPECT_DOUBLE_EQ(w[0].error_time, 1000000.5);
+  EXPECT_TRUE(w[1].lost_peer);
+  EXPECT_EQ(pick_root_cause(w, 1), 0);
+  const std::string s = format_summary("prog failed", make_failure_report(w[0], 0), w, {});
+  EXPECT_THAT(s, HasSubstr("failed: it recorded an error, then ddprun stopped it (signal SIGTERM"));
+  EXPECT_THAT(s, HasSubstr("  rank 1 (local_rank 1): failed too (exit code 4), a consequence: it "
+                           "lost its connection to a failed rank\n"));
+  EXPECT_THAT(s, HasSubstr("  rank 2 (local_rank 2): stopped by ddprun (signal SIGTERM (15))\n"));
+  // Without error files the first failure seen stays the root cause; a
+  // worker that did not lose a peer comes before one that did.
+  std::vector<WorkerResult> plain(2);
+  plain[0].end = plain[1].end = WorkerEnd::kFailed;
+  plain[0].end_time = 5;
+  plain[1].end_time = 4;
+  EXPECT_EQ(pick_root_cause(plain, 0), 1);
+  plain[1].lost_peer = true;
+  EXPECT_EQ(pick_root_cause(plain, 1), 0);
+  testing::remove_tree(dir);
+}
+
 }  // namespace
 }  // namespace ddp::launcher
