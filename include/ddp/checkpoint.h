@@ -18,12 +18,12 @@
 //   auto device = ...;                         // this rank's device
 //   int64_t start_epoch = 0;
 //   if (auto ckpt = ddp::load_latest_checkpoint(dir, device)) {   // collective
-//     ddp::restore_checkpoint(*ckpt, *model, &optimizer);
+//     ddp::restore_checkpoint(*ckpt, *model.module(), &optimizer);  // the wrapped module
 //     start_epoch = ckpt->epoch;
 //   }
 //   for (int64_t epoch = start_epoch; epoch < epochs; ++epoch) {
 //     ... train ...
-//     ddp::save_checkpoint(dir, *model, &optimizer, epoch + 1, step);  // collective
+//     ddp::save_checkpoint(dir, *model.module(), &optimizer, epoch + 1, step);  // collective
 //   }
 //
 // Files, in `dir`:

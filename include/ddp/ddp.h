@@ -1,6 +1,7 @@
 // ddp: DistributedDataParallel for the PyTorch C++ API. The umbrella header:
-// includes the whole public API. Include the individual headers instead to
-// keep compile times down (each is self-contained).
+// includes the distributed API, the headers listed here except datasets/.
+// Include the individual headers instead to keep compile times down (each
+// is self-contained).
 //
 //   process_group.h             init_process_group, ranks, default group
 //   env.h                       launch environment (torchrun, SLURM, MPI)
@@ -11,8 +12,13 @@
 //   metrics.h                   metrics reduced over ranks
 //   logging.h                   rank-0 / rank-prefixed logging
 //   checkpoint.h                atomic rank-0 checkpoints
-//   datasets/                   IDX files, Fashion-MNIST, batch loader
 //   error.h                     the error types and policy
+//
+// Not included: datasets/ (IDX files, Fashion-MNIST, the prefetching batch
+// loader, per-batch seeding), the data side of ddp-train, which a program
+// with its own data does not need; include ddp/datasets/<name>.h. They are
+// cheap (ATen's core headers), except datasets/torch_adapter.h: it pulls in
+// libtorch's torch/data, about 30 s more per translation unit.
 #pragma once
 
 #include "ddp/checkpoint.h"

@@ -16,8 +16,10 @@
 // this header.
 //
 // Rank: the calling thread's default group (process_group.h); without a
-// process group the caller counts as rank 0 (ddp::is_main_process()), so the
-// helpers work unchanged in a single-process program.
+// process group (before init_process_group, or after its destruction) the
+// launch environment's rank (env.h: RANK, SLURM_PROCID, ...; 0 when there is
+// none, or it is malformed), so a process started with RANK=1 never speaks
+// as rank 0, and the helpers work unchanged in a single-process program.
 //
 // Output: every call writes whole lines. A line is written with a single
 // write(2) after flushing the C stdio buffer of that stream, under a

@@ -1,15 +1,29 @@
 // Use a ddp dataset (FashionMnist) with libtorch's data loader:
 //
 //   ddp::datasets::FashionMnist train;  // loads once
+//   ddp::DistributedSampler sampler(train.size());  // distributed_sampler.h
 //   auto loader = torch::data::make_data_loader(
-//       ddp::datasets::TorchBatchAdapter<ddp::datasets::FashionMnist>(train),
-//       torch::data::samplers::DistributedRandomSampler(train.size(), world_size, rank),
+//       ddp::datasets::TorchBatchAdapter<ddp::datasets::FashionMnist>(train), sampler,
 //       torch::data::DataLoaderOptions(64).workers(2));
-//   for (torch::data::Example<>& batch : *loader) { batch.data; batch.target; }
+//   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+//     sampler.set_epoch(epoch);  // reaches the loader's copy
+//     for (torch::data::Example<>& batch : *loader) { batch.data; batch.target; }
+//   }
 //
 // The adapter is a BatchDataset whose batches are already stacked Examples
 // (data N x 1 x 28 x 28 float32, target N int64), so no Stack<> transform is
 // needed, and each batch is made in one pass (no per-example tensors).
+//
+// Samplers: the adapter takes its indices from any libtorch sampler whose
+// batch request is std::vector<size_t>; which samples a rank sees is the
+// sampler's business alone. Train with ddp::DistributedSampler: PyTorch's
+// indices, and set_epoch on your copy reaches the loader's copy.
+// libtorch's torch::data::samplers::DistributedRandomSampler is fine where
+// neither matters, e.g. one evaluation pass that must see every sample once
+// (tests/datasets/torch_adapter_test.cc): its ranks' shares are disjoint
+// too, but contiguous blocks of another permutation, and the loader's
+// private copy never sees set_epoch, so every epoch repeats one order.
+// Every rank must use the same kind of sampler, or the shares overlap.
 //
 // This header includes torch/data (which pulls in all of ATen, ~30 s per
 // translation unit to compile); ddp's own code uses FashionMnist::get_batch
