@@ -48,6 +48,10 @@ class DdpCore {
 
  private:
   int count_ranks_training(bool training);
+  // Whether this forward (or join's shadow of one) broadcasts the buffers:
+  // PyTorch's rule (broadcast_buffers, the previous forward synchronised
+  // gradients, there are buffers, more than one rank).
+  bool buffers_due() const;
   void sync_buffers(bool candidate);
   void check_options() const;
   void check_no_sparse_gradients() const;

@@ -197,10 +197,12 @@ void DdpCore::pre_forward() {
     }
     reducer_->prepare_for_forward();
   }
-  if (options_.broadcast_buffers && require_forward_param_sync_ && !buffers_.empty() &&
-      group_->size() > 1) {
-    sync_buffers(/*candidate=*/true);
-  }
+  if (buffers_due()) sync_buffers(/*candidate=*/true);
+}
+
+bool DdpCore::buffers_due() const {
+  return options_.broadcast_buffers && require_forward_param_sync_ && !buffers_.empty() &&
+         group_->size() > 1;
 }
 
 // Rank 0's buffers, or with join the highest rank still training (a

@@ -66,10 +66,7 @@ bool DdpCore::shadow_iteration() {
   const int training = count_ranks_training(false);
   if (training == 0) return false;
   reducer_->prepare_for_forward();  // the one-time rebuild, if due now
-  if (options_.broadcast_buffers && require_forward_param_sync_ && !buffers_.empty() &&
-      group_->size() > 1) {
-    sync_buffers(/*candidate=*/false);
-  }
+  if (buffers_due()) sync_buffers(/*candidate=*/false);
   reducer_->shadow_backward();
   return true;
 }

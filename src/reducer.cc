@@ -8,11 +8,11 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <iostream>
 #include <iterator>
 #include <unordered_set>
 
 #include "ddp/error.h"
+#include "ddp/logging.h"
 #include "process_group_impl.h"
 #include "reducer_state.h"
 
@@ -412,11 +412,11 @@ void Reducer::check_unused(const std::vector<float>& counts) {
   if (options_.find_unused_parameters && !ever_unused_ && !warned_never_unused_ &&
       iterations_ == 1 && group_->rank() == 0) {
     warned_never_unused_ = true;
-    std::cerr << "[rank0]: ddp warning: find_unused_parameters=true but no "
-                 "parameter was unused in the first iteration; it costs an "
-                 "autograd graph traversal per iteration. Construct "
-                 "DistributedDataParallel with find_unused_parameters=false "
-                 "if your model always uses every parameter.\n";
+    ddp::log(LogLevel::kWarning,
+        "ddp: find_unused_parameters=true but no parameter was unused in the first "
+        "iteration; it costs an autograd graph traversal per iteration. Construct "
+        "DistributedDataParallel with find_unused_parameters=false if your model always "
+        "uses every parameter");
   }
 }
 

@@ -3,12 +3,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <iostream>
 
 #include <algorithm>
 #include <cctype>
 
 #include "ddp/error.h"
+#include "ddp/logging.h"
 #include "process_group_impl.h"
 
 namespace ddp {
@@ -150,8 +150,9 @@ void WorkImpl::wait_with_stall_reports() {
           "collective",
           what, waited, report.empty() ? "" : ": ", report));
     }
-    std::cerr << fmt::format("[rank{}]: ddp warning: {} has waited {:.0f} s{}{}\n",
-                             group->rank(), what, waited, report.empty() ? "" : ": ", report);
+    // Through ddp's logging: the rank prefix (or ddprun's), DDP_LOG_LEVEL.
+    ddp::log(LogLevel::kWarning, fmt::format("ddp: {} has waited {:.0f} s{}{}", what, waited,
+                                             report.empty() ? "" : ": ", report));
   }
 }
 

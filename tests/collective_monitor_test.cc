@@ -88,7 +88,7 @@ TEST(StallInspector, WarnsWhoHasNotArrivedThenCompletes) {
   }, o);
   std::string err = ::testing::internal::GetCapturedStderr();
   unsetenv("DDP_STALL_WARNING_S");
-  EXPECT_NE(err.find("[rank0]: ddp warning: all_reduce #1 on rank 0 of 2 (gloo) has waited"),
+  EXPECT_NE(err.find("[rank0]: WARNING: ddp: all_reduce #1 on rank 0 of 2 (gloo) has waited"),
             std::string::npos) << err;
   EXPECT_NE(err.find("rank 1 has not reached it: at step -1, last started barrier #0 on rank 1 of 2 "
                      "(gloo) and finished it"),

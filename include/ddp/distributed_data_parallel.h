@@ -66,8 +66,8 @@ struct DistributedDataParallelOptions {
   // The group whose ranks hold the replicas; null: default_group().
   ProcessGroupPtr process_group;
   // Broadcast rank 0's buffers (BatchNorm running statistics) before each
-  // forward in training (PyTorch: when the previous forward synchronised
-  // gradients; see docs/ddp.md).
+  // forward in training, as PyTorch does: when the previous forward
+  // synchronised gradients (not inside no_sync()).
   bool broadcast_buffers = true;
   // Bucket capacity in MiB (2^20 bytes); a single larger parameter gets a
   // bucket of its own. Must be > 0. PyTorch: 25.

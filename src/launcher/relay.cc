@@ -107,28 +107,17 @@ OutputStream::OutputStream(OutputStream&& other) noexcept
 
 OutputStream::~OutputStream() { close(); }
 
-void OutputStream::read_available() {
-  char buf[16384];
-  // A few reads per call, so one chatty worker cannot starve the others.
-  for (int i = 0; i < 8 && fd_ >= 0; ++i) {
-    ssize_t n = ::read(fd_, buf, sizeof(buf));
-    if (n > 0) {
-      route(buf, static_cast<std::size_t>(n));
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && errno == EAGAIN) {
-      return;
-    } else {
-      close();  // end of stream (or a read error: treat alike)
-    }
-  }
-}
+void OutputStream::read_available() { read_some(8); }
 
-void OutputStream::drain() {
+// Bounded: a pipe holds at most a few hundred KiB once its writer is gone;
+// a writer still alive cannot keep us here for long.
+void OutputStream::drain() { read_some(256); }
+
+// Up to `max_reads` reads of what the pipe holds now; closes the stream at
+// its end (or on a read error: treated alike).
+void OutputStream::read_some(int max_reads) {
   char buf[16384];
-  // Bounded: a pipe holds at most a few hundred KiB once its writer is gone;
-  // a writer still alive cannot keep us here for long.
-  for (int i = 0; i < 256 && fd_ >= 0; ++i) {
+  for (int i = 0; i < max_reads && fd_ >= 0; ++i) {
     ssize_t n = ::read(fd_, buf, sizeof(buf));
     if (n > 0) {
       route(buf, static_cast<std::size_t>(n));

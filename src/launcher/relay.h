@@ -71,6 +71,7 @@ class OutputStream {
   std::vector<std::string> tail() const;
 
  private:
+  void read_some(int max_reads);  // a few reads per call: no stream starves the others
   void route(const char* data, std::size_t n);
   void line(std::string_view text);
   void update(std::string_view text);  // a "\r"-terminated piece
