@@ -31,6 +31,8 @@ constexpr std::string_view kClearToEnd = "\x1b[K";
 //    into another rank's text;
 //  - the owner's next "\n" ends it (an empty line: the bar as last drawn
 //    stays; a non-empty one replaces it);
+//  - text after a "\r" is drawn as soon as it arrives, not when the next
+//    "\r" ends it (bars are written "\r<bar>" as often as "<bar>\r");
 //  - another stream's "\r" update first ends it with a newline;
 //  - the owner's end of stream, or a message of the launcher's own
 //    (end_open_console_line), ends it with a newline.
@@ -99,6 +101,7 @@ OutputStream::OutputStream(OutputStream&& other) noexcept
       log_fd_(other.log_fd_),
       route_(std::move(other.route_)),
       pending_(std::move(other.pending_)),
+      after_cr_(other.after_cr_),
       tail_(std::move(other.tail_)) {
   other.fd_ = -1;
   other.id_ = 0;
@@ -148,14 +151,21 @@ void OutputStream::route(const char* data, std::size_t n) {
     start = end + 1;
     if (pending_[end] == '\n') {
       line(piece);
+      after_cr_ = false;
     } else if (start < pending_.size() && pending_[start] == '\n') {
       line(piece);  // "\r\n" ends a line
       ++start;
+      after_cr_ = false;
     } else {
       update(piece);  // a "\r\n" split across reads ends as update + empty line
+      after_cr_ = true;
     }
   }
   pending_.erase(0, start);
+  // A bar drawn as "\r<text>" is complete when it arrives; its end is only
+  // the next "\r" or "\n". Draw it now, or the console would always show the
+  // previous update (Note [Carriage-return updates]).
+  if (carriage && after_cr_ && !pending_.empty()) update(pending_);
   if (pending_.size() >= kMaxLine) {
     line(pending_);
     pending_.clear();
@@ -189,6 +199,7 @@ void OutputStream::update(std::string_view text) {
   if (open_line.owner != id_) end_open_line();
   std::string out = "\r";
   out.append(route_.prefix).append(text).append(kClearToEnd);
+  if (open_line.owner == id_ && open_line.text == out) return;  // drawn already
   open_line = OpenLine{id_, route_.console_fd, out};
   write_all(route_.console_fd, out);
 }

@@ -81,6 +81,7 @@ class OutputStream {
   int log_fd_ = -1;
   StreamRoute route_;
   std::string pending_;  // an unterminated line
+  bool after_cr_ = false;  // pending_ follows a "\r": a bar being drawn
   std::deque<std::string> tail_;
 };
 

@@ -118,8 +118,9 @@ std::string root_cause_line(const FailureReport& r) {
   return fmt::format("rank {} (local_rank {}) on node {} ({}) failed: {}", r.rank,
                      r.local_rank, r.node_rank, r.host,
                      r.stopped_after_error
-                         ? "it recorded an error, then ddprun stopped it (" +
-                               describe_end(r.exit_code, r.signal) + ")"
+                         ? "it recorded its error first, then ended (" +
+                               describe_end(r.exit_code, r.signal) +
+                               ") while ddprun stopped the group"
                          : describe_end(r.exit_code, r.signal));
 }
 

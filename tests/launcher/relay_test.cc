@@ -73,6 +73,11 @@ TEST(LauncherRelay, CarriageReturnUpdatesAreDrawnInPlaceOnATerminal) {
             "\r[rank0]:epoch 1 [#.] 1/2\x1b[K\r[rank0]:epoch 1 [##] 2/2\x1b[K\n"
             "[rank0]:done\n");
   EXPECT_EQ(relay(r, {"a\r\nb\r", "\nc"}), "[rank0]:a\n\r[rank0]:b\x1b[K\n[rank0]:c\n");
+  // "\r<bar>" (ddp-train's way): each bar is drawn when it arrives, not
+  // when the next "\r" ends it; a bar split across reads is redrawn whole.
+  EXPECT_EQ(relay(r, {"\rstep 1", "\rstep 2", "\rst", "ep 3", "\n"}),
+            "\r[rank0]:step 1\x1b[K\r[rank0]:step 2\x1b[K\r[rank0]:st\x1b[K"
+            "\r[rank0]:step 3\x1b[K\r[rank0]:step 3\x1b[K\n");
   // Not a terminal: "\r" is part of the line.
   r.terminal = false;
   EXPECT_EQ(relay(r, {"50%\r100%\n"}), "[rank0]:50%\r100%\n");

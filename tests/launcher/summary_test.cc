@@ -86,7 +86,8 @@ TEST(LauncherSummary, RootCauseIsTheFirstFailureInTimeNotTheFirstExit) {
   EXPECT_TRUE(w[1].lost_peer);
   EXPECT_EQ(pick_root_cause(w, 1), 0);
   const std::string s = format_summary("prog failed", make_failure_report(w[0], 0), w, {});
-  EXPECT_THAT(s, HasSubstr("failed: it recorded an error, then ddprun stopped it (signal SIGTERM"));
+  EXPECT_THAT(s, HasSubstr("failed: it recorded its error first, then ended (signal SIGTERM (15)) "
+                           "while ddprun stopped the group"));
   EXPECT_THAT(s, HasSubstr("  rank 1 (local_rank 1): failed too (exit code 4), a consequence: it "
                            "lost its connection to a failed rank\n"));
   EXPECT_THAT(s, HasSubstr("  rank 2 (local_rank 2): stopped by ddprun (signal SIGTERM (15))\n"));

@@ -91,12 +91,19 @@ TEST_F(DdpTrain, ResumeInsideAnEpochEndsLikeAnUninterruptedRun) {
 // "all" is spelled out.
 TEST_F(DdpTrain, BadFlagValuesNameTheFlagAndTheRange) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--epochs", "0"}, "--epochs: must be an integer >= 1, got 0"},
+      {{"--epochs", "0"}, "--epochs: must be an integer from 1 to 2147483647, got 0"},
       {{"--train-samples", "0"}, "--train-samples: must be a count >= 1 or all, got 0"},
       {{"--test-samples", "-3"}, "--test-samples: must be a count >= 1 or all, got -3"},
       {{"--max-steps", "0"}, "--max-steps: must be a count >= 1 or all, got 0"},
-      {{"--lr", "-1"}, "--lr: must be a number > 0, got -1"},
-      {{"--batch-size", "x"}, "--batch-size: must be an integer >= 1, got x"},
+      {{"--lr", "-1"}, "--lr: must be a finite number > 0, got -1"},
+      {{"--lr", "inf"}, "--lr: must be a finite number > 0, got inf"},
+      {{"--batch-size", "x"}, "--batch-size: must be an integer from 1 to 2147483647, got x"},
+      {{"--epochs", "99999999999"},
+       "--epochs: must be an integer from 1 to 2147483647, got 99999999999"},
+      {{"--seed", "-1"}, "--seed: must be an integer >= 0, got -1"},
+      // "all" passes (the flags after them are checked later, in order).
+      {{"--max-steps", "all", "--train-samples", "all", "--test-samples=all", "--log-every", "0"},
+       "--log-every: must be an integer from 1 to 2147483647, got 0"},
   };
   for (const auto& [flags, message] : cases) {
     std::vector<std::string> argv = {DDP_TRAIN_PATH};

@@ -16,6 +16,7 @@
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/env.h"
 #include "ddp/error.h"
+#include "ddp/logging.h"
 #include "ddp/process_group.h"
 
 namespace {
@@ -66,7 +67,9 @@ int main(int argc, char** argv) {
     ddp::destroy_process_group();
     return sum_ok && step_ok ? 0 : 1;
   } catch (const std::exception& e) {
-    std::cerr << "ddp-demo: " << e.what() << std::endl;
+    // ddp's logging: "[rankN]: ERROR: ..." (the launch environment's rank
+    // before a group exists), or ddprun's prefix.
+    ddp::log(ddp::LogLevel::kError, std::string("ddp-demo: ") + e.what());
     ddp::record_error(e);
     return 1;
   }

@@ -3,7 +3,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <vector>
 
 #include "ddp/env.h"
@@ -14,25 +16,33 @@ namespace {
 
 // Validators with one-line errors ("--epochs: must be an integer >= 1, got
 // 0"); CLI11's own range checks print the type's limits, 310 digits for a
-// double.
-CLI::Validator integer_at_least(long long min) {
+// double. Each validates and, where it must, rewrites the text in one step
+// (CLI11 runs transforms before checks).
+CLI::Validator integer_in(long long min, long long max, const std::string& name) {
   return CLI::Validator(
-      [min](std::string& s) -> std::string {
+      [min, max](std::string& s) -> std::string {
         long long v = 0;
-        if (!CLI::detail::lexical_cast(s, v) || v < min) {
-          return fmt::format("must be an integer >= {}, got {}", min, s);
+        if (!CLI::detail::lexical_cast(s, v) || v < min || v > max) {
+          return max == std::numeric_limits<long long>::max()
+                     ? fmt::format("must be an integer >= {}, got {}", min, s)
+                     : fmt::format("must be an integer from {} to {}, got {}", min, max, s);
         }
         return "";
       },
-      fmt::format("INT >= {}", min));
+      name);
+}
+
+// For an int field: at most INT_MAX.
+CLI::Validator integer_at_least(long long min) {
+  return integer_in(min, std::numeric_limits<int>::max(), fmt::format("INT >= {}", min));
 }
 
 CLI::Validator positive_number() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
         double v = 0;
-        if (!CLI::detail::lexical_cast(s, v) || !(v > 0)) {
-          return fmt::format("must be a number > 0, got {}", s);
+        if (!CLI::detail::lexical_cast(s, v) || !(v > 0) || !std::isfinite(v)) {
+          return fmt::format("must be a finite number > 0, got {}", s);
         }
         return "";
       },
@@ -43,22 +53,19 @@ CLI::Validator positive_number() {
 void add_count(CLI::App& app, const std::string& flag, int64_t& value, const std::string& help) {
   app.add_option(flag, value, help + " (a count >= 1, or all)")
       ->default_str("all")
-      ->check(CLI::Validator(
+      ->transform(CLI::Validator(
           [](std::string& s) -> std::string {
             long long v = 0;
-            if (s == "all") return "";
+            if (s == "all") {
+              s = "-1";
+              return "";
+            }
             if (!CLI::detail::lexical_cast(s, v) || v < 1) {
               return fmt::format("must be a count >= 1 or all, got {}", s);
             }
             return "";
           },
-          "INT >= 1 or all"))
-      ->transform(CLI::Validator(
-          [](std::string& s) -> std::string {
-            if (s == "all") s = "-1";
-            return "";
-          },
-          ""));
+          "INT >= 1 or all"));
 }
 
 }  // namespace
@@ -85,7 +92,8 @@ TrainConfig parse_args(int argc, char** argv) {
   app.add_flag("--scale-lr", c.scale_lr, "Multiply the learning rate by the world size");
   app.add_option("--optimizer", c.optimizer, "adam or sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adam", "sgd"}));
-  app.add_option("--seed", c.seed, "Seed for weights, dropout and the sampler's shuffling");
+  app.add_option("--seed", c.seed, "Seed for weights, dropout and the sampler's shuffling")
+      ->check(integer_in(0, std::numeric_limits<long long>::max(), "INT >= 0"));
   app.add_option("--backend", c.backend, "gloo or nccl")->check(CLI::IsMember({"gloo", "nccl"}));
   app.add_option("--device", c.device, "cpu, or cuda (uses cuda:LOCAL_RANK)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
