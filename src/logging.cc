@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <strings.h>
@@ -21,13 +22,19 @@ std::mutex g_write_mu;
 std::atomic<int> g_level{-1};  // -1: not yet read from DDP_LOG_LEVEL
 
 // The rank the launch environment gives this process (RANK, SLURM_PROCID,
-// OMPI_COMM_WORLD_RANK), 0 without one or when it is malformed (the error
-// comes from init_process_group, not from a log line).
+// OMPI_COMM_WORLD_RANK); when the environment is malformed (say WORLD_SIZE),
+// RANK alone if it is a number, else 0. The error itself comes from
+// init_process_group, not from a log line.
 int launch_rank() {
   try {
     return read_launch_env().rank;
   } catch (const Error&) {
-    return 0;
+    try {
+      const auto rank = env_int("RANK");
+      return rank && *rank >= 0 && *rank <= INT32_MAX ? static_cast<int>(*rank) : 0;
+    } catch (const Error&) {
+      return 0;
+    }
   }
 }
 
