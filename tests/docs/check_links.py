@@ -4,7 +4,7 @@
   check_links.py SOURCE_DIR
 
 Looks, in the tracked text files, for paths under docs/ ("docs/errors.md")
-anywhere, and for relative Markdown links ("[text](docs/x.md)",
+anywhere, and for relative Markdown links ("[errors](docs/errors.md)",
 "[x](../README.md#part)") in *.md files; each must name an existing file
 (docs/ paths from the repository root, Markdown links from the linking
 file's folder). Prints every broken one with its file and line; exit 1 if
