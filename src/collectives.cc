@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "compat/torch_compat.h"
 #include "ddp/error.h"
 #include "process_group_impl.h"
 
@@ -77,22 +78,41 @@ const char* to_string(ReduceOp op) {
   return "?";
 }
 
+// Note [bfloat16 over old Gloo]
+// Gloo before PyTorch 2.0 cannot reduce bfloat16 ("Invalid scalar type").
+// Such an all_reduce that shared memory does not take is widened: the
+// tensor travels as float32 and the result is rounded back into it when the
+// operation completes. Every bfloat16 value is exact in float32, so the
+// result is the sum rounded once (at least as accurate as a bfloat16 sum);
+// the bytes on the wire are float32's.
+namespace {
+bool widen_bfloat16(detail::ProcessGroupImpl& group, const at::Tensor& t, ReduceOp op) {
+  return t.scalar_type() == at::kBFloat16 && group.backend_name == "gloo" &&
+         !compat::gloo_reduces_bfloat16() &&
+         !(group.shm && shm::ShmGroup::supports(t, to_c10d(op)));
+}
+}  // namespace
+
 Work all_reduce_async(at::Tensor& tensor, ReduceOp op,
                       const CollectiveOptions& options) {
   check_tensor(tensor, "all_reduce", "tensor");
   check_avg(tensor, op, "all_reduce");
-  std::vector<at::Tensor> tensors{tensor};
   detail::ProcessGroupImpl& group = detail::resolve_group(options).impl();
+  const bool widen = widen_bfloat16(group, tensor, op);
+  std::vector<at::Tensor> tensors{widen ? tensor.to(at::kFloat) : tensor};
   auto w = start_work(options, "all_reduce", [&](compat::Backend& b, milliseconds t) {
     c10d::AllreduceOptions o;
     o.reduceOp = to_c10d(op);
     o.timeout = t;
     return detail::backend_all_reduce(group, b, tensors, o);
   }, [&] { return fmt::format("all_reduce {} {}", to_string(op), detail::describe_tensors(tensors)); });
-  if (op == ReduceOp::AVG) {
-    int size = w->group->size();
-    at::Tensor out = tensor;
-    w->then = [out, size]() mutable { out.div_(size); };
+  if (op == ReduceOp::AVG || widen) {
+    int size = op == ReduceOp::AVG ? w->group->size() : 1;
+    at::Tensor out = tensor, result = tensors[0];
+    w->then = [out, result, size]() mutable {
+      if (size != 1) result.div_(size);
+      if (!result.is_same(out)) out.copy_(result);
+    };
   }
   return wrap(std::move(w));
 }

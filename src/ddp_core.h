@@ -29,6 +29,9 @@ class DdpCore {
   bool wants_outputs() const { return syncing_now(); }
   bool syncing_now() const { return at::GradMode::is_enabled() && grad_sync_; }
   DdpStats stats() const;
+  void register_comm_hook(CommHook hook, std::string name) {
+    reducer_->register_comm_hook(std::move(hook), std::move(name));
+  }
 
   // no_sync(): gradient sync requested for the next forwards.
   void set_grad_sync(bool enabled);

@@ -46,6 +46,7 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module,
   ro.first_bucket_cap_bytes = std::max<int64_t>(ro.first_bucket_cap_bytes, 1);
   ro.find_unused_parameters = options_.find_unused_parameters;
   ro.gradient_as_bucket_view = options_.gradient_as_bucket_view;
+  ro.static_graph = options_.static_graph;
   ro.timeout = options_.timeout;
   reducer_ = Reducer::create(std::move(names), std::move(params), group_, ro);
 }
@@ -56,11 +57,6 @@ void DdpCore::check_options() const {
         "DistributedDataParallelOptions: bucket_cap_mb ({}) and "
         "first_bucket_cap_mb ({}) must be > 0",
         options_.bucket_cap_mb, options_.first_bucket_cap_mb));
-  }
-  if (options_.static_graph) {
-    throw InvalidArgument(
-        "DistributedDataParallelOptions::static_graph is not supported yet; "
-        "leave it false (find_unused_parameters covers dynamic graphs)");
   }
   if (options_.device_ids.size() > 1) {
     throw InvalidArgument(fmt::format(
@@ -286,6 +282,10 @@ torch::OrderedDict<std::string, at::Tensor> unique_named_parameters(
 }
 DdpStats stats(const DdpCore& core) { return core.stats(); }
 
+void register_comm_hook(DdpCore& core, CommHook hook, std::string name) {
+  core.register_comm_hook(std::move(hook), std::move(name));
+}
+
 }  // namespace ddp::detail
 
 namespace ddp {
@@ -304,12 +304,14 @@ std::string to_string(const DdpStats& s) {
   return fmt::format(
       "ddp: {} iterations, world {}, {} params in {} buckets ({:.2f} MiB{}{}), "
       "forward {:.2f} ms, backward compute {:.2f} ms, comm {:.2f} ms, exposed "
-      "comm {:.2f} ms, buffer broadcast {:.2f} ms, unused {}",
+      "comm {:.2f} ms, buffer broadcast {:.2f} ms, unused {}{}",
       s.iterations, s.world_size, s.parameters, s.bucket_bytes.size(),
       s.gradient_bytes / double(1 << 20), s.buckets_rebuilt ? ", rebuilt" : "",
       s.shared_memory_buckets > 0 ? ", in shared memory" : "",
       s.forward_s * 1e3, s.backward_compute_s * 1e3, s.backward_comm_s * 1e3,
-      s.exposed_comm_s * 1e3, s.buffer_broadcast_s * 1e3, s.unused_parameters_last);
+      s.exposed_comm_s * 1e3, s.buffer_broadcast_s * 1e3, s.unused_parameters_last,
+      s.comm_hook.empty() || s.comm_hook.rfind("built-in", 0) == 0 ? ""
+                                                                   : ", comm hook " + s.comm_hook);
 }
 
 }  // namespace ddp

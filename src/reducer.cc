@@ -42,9 +42,10 @@ void Reducer::reset_iteration() {
   for (Bucket& b : buckets_) {
     b.pending = b.params.size();
     std::fill(b.produced.begin(), b.produced.end(), 0.0f);
-    b.work = Work();
   }
   for (Param& p : params_) p.saved_grad = at::Tensor();
+  std::fill(hooks_seen_.begin(), hooks_seen_.end(), 0);
+  static_changes_.clear();
   next_launch_ = 0;
   first_hook_seen_ = false;
   unreachable_.clear();
@@ -67,7 +68,9 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs,
   const bool pending = expect_hooks_;
   std::vector<size_t> earlier_unreachable = std::move(unreachable_);
   reset_iteration();
-  if (options_.find_unused_parameters) {
+  if (options_.static_graph) {
+    unreachable_ = static_unused();  // none while learning
+  } else if (options_.find_unused_parameters) {
     if (!outputs_known) {
       throw InvalidArgument(
           "DistributedDataParallel(find_unused_parameters=true) cannot list "
@@ -205,12 +208,23 @@ void Reducer::autograd_hook(size_t index) {
     });
     for (size_t i : unreachable_) mark_ready(i, /*produced=*/false);
   }
+  if (options_.static_graph && !static_graph_hook(index)) return;
   if (ready_[index]) {
+    const bool searched = std::binary_search(unreachable_.begin(), unreachable_.end(), index);
+    if (searched) {
+      throw InvalidArgument(fmt::format(
+          "DistributedDataParallel: parameter '{}' got a gradient although "
+          "find_unused_parameters' graph search could not reach it from the "
+          "forward's outputs. Return every tensor computed from it from "
+          "forward (or list it in collect_tensors for your output type)",
+          params_[index].name));
+    }
     throw InvalidArgument(fmt::format(
-        "DistributedDataParallel: parameter '{}' got a gradient although "
-        "find_unused_parameters' graph search could not reach it from the "
-        "forward's outputs. Return every tensor computed from it from "
-        "forward (or list it in collect_tensors for your output type)",
+        "DistributedDataParallel: parameter '{}' got a second gradient in one backward "
+        "(autograd accumulated into it twice: a re-entrant backward, such as activation "
+        "checkpointing of a module used more than once), after its first was already being "
+        "reduced. Construct DistributedDataParallel with static_graph = true, which reduces "
+        "it once after its last use (the graph must then be the same every iteration)",
         params_[index].name));
   }
   mark_ready(index, /*produced=*/true);
@@ -241,9 +255,11 @@ void Reducer::mark_ready(size_t index, bool produced) {
         view.copy_(grad);
         p.tensor.mutable_grad() = view;
       }
-    } else {
+    } else if (comm_->prescaled()) {
       // One pass: copy and pre-scale (PyTorch's mul_out with 1/world_size).
       at::mul_out(view, grad, b.scale);
+    } else {
+      view.copy_(grad);  // a comm hook divides (as in PyTorch)
     }
   } else {
     view.zero_();
@@ -268,37 +284,43 @@ void Reducer::launch(size_t k) {
     timing_->launched = true;
     timing_->first_launch = Timing::Clock::now();
   }
-  if (options_.gradient_as_bucket_view) b.grads.mul_(b.scale);
+  if (options_.gradient_as_bucket_view && comm_->prescaled()) b.grads.mul_(b.scale);
   b.flags.copy_(at::from_blob(b.produced.data(),
                               {static_cast<int64_t>(b.produced.size())}, at::kFloat));
-  start_all_reduce(k);
+  start_comm(k);
 }
 
-void Reducer::start_all_reduce(size_t k) {
-  Bucket& b = buckets_[k];
-  CollectiveOptions copts{group_, options_.timeout};
-  std::vector<at::Tensor> tensors{b.flat};
-  group_->impl().monitor_step(iterations_);
-  b.work = Work(start_work(
-      copts,
-      fmt::format("all_reduce of gradient bucket {} of {} (iteration {})", k, buckets_.size(),
-                  iterations_),
-      [&](compat::Backend& backend, std::chrono::milliseconds t) {
-        c10d::AllreduceOptions o;
-        o.timeout = t;
-        return backend_all_reduce(group_->impl(), backend, tensors, o);
-      },
-      [&] { return "all_reduce SUM " + describe_tensors(tensors); }));
+BucketIo Reducer::bucket_io(size_t k) const {
+  const Bucket& b = buckets_[k];
+  BucketIo io;
+  io.index = k;
+  io.count = buckets_.size();
+  io.flat = b.flat;
+  io.grads = b.grads;
+  io.flags = b.flags;
+  for (size_t i : b.params) io.params.push_back(params_[i].tensor);
+  io.offsets = b.offsets;
+  io.iteration = iterations_;
+  io.divisor = divisor_;
+  return io;
 }
+
+std::vector<BucketIo> Reducer::bucket_io() const {
+  std::vector<BucketIo> all;
+  for (size_t k = 0; k < buckets_.size(); ++k) all.push_back(bucket_io(k));
+  return all;
+}
+
+void Reducer::start_comm(size_t k) { comm_->launch(bucket_io(k)); }
 
 void Reducer::shadow_backward() {
   std::lock_guard<std::mutex> lock(mu_);
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < buckets_.size(); ++k) {
     buckets_[k].flat.zero_();
-    start_all_reduce(k);
+    start_comm(k);
   }
-  for (Bucket& b : buckets_) b.work.wait();
+  comm_->wait(bucket_io());
   fence_shared_buckets();
   ++iterations_;
 }
@@ -323,9 +345,11 @@ void Reducer::finalize_backward() {
   auto compute_end = Timing::Clock::now();
   expect_hooks_ = false;
   finalized_ = true;
+  const bool learning = static_learning();
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!ready_[i]) mark_ready(i, /*produced=*/false);
+    if (!ready_[i]) mark_ready(i, /*produced=*/learning && hooks_seen_[i] > 0);
   }
+  if (learning) learn_static_graph();
   launch_ready_buckets();
   std::vector<float> counts(params_.size(), 0.0f);
   wait_and_write_back(counts);
@@ -342,6 +366,7 @@ void Reducer::finalize_backward() {
   ++iterations_;
   output_grads_at_finalize_ = output_grads_;
   std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
+  check_static_graph(learning);
   check_unused(counts);
 }
 
@@ -353,7 +378,7 @@ void Reducer::wait_and_write_back(std::vector<float>& counts) {
     }
     return;
   }
-  for (Bucket& b : buckets_) b.work.wait();
+  comm_->wait(bucket_io());
   fence_shared_buckets();
   for (Bucket& b : buckets_) {
     at::Tensor flags = b.flags.to(at::kCPU, at::kFloat).contiguous();
@@ -389,7 +414,7 @@ void Reducer::check_unused(const std::vector<float>& counts) {
     int used_by = static_cast<int>(counts[i] + 0.5f);
     if (used_by == users_) continue;
     ++unused;
-    if (options_.find_unused_parameters) continue;
+    if (options_.find_unused_parameters || options_.static_graph) continue;
     std::string where =
         used_by == 0 ? fmt::format("unused on all {} ranks", users_)
                      : fmt::format("{} on this rank; used on {} of {} ranks",
@@ -409,7 +434,8 @@ void Reducer::check_unused(const std::vector<float>& counts) {
         "requires_grad_(false) before wrapping the model)",
         problems.size(), iterations_ - 1, fmt::join(problems, "\n")));
   }
-  if (options_.find_unused_parameters && !ever_unused_ && !warned_never_unused_ &&
+  if (options_.find_unused_parameters && !options_.static_graph && !ever_unused_ &&
+      !warned_never_unused_ &&
       iterations_ == 1 && group_->rank() == 0) {
     warned_never_unused_ = true;
     ddp::log(LogLevel::kWarning,

@@ -35,12 +35,29 @@
 // second backward of one forward (an output of that forward saw a gradient
 // again: hooks on the outputs tell) or a graph built without the wrapper
 // (module()->forward()), and raises naming which.
+// Moving a full bucket between ranks is the BucketComm's job (Note [Bucket
+// communication] in bucket_comm.h): by default one all_reduce per bucket,
+// or a user's comm hook.
 // Each bucket's flat buffer carries, after the gradients, one slot per
 // parameter holding 1 where this rank produced the gradient. After the
 // all_reduce the slot counts the ranks that did: 0 means unused everywhere
 // (.grad() is left untouched, as in PyTorch); fewer than world_size without
 // find_unused_parameters is an error that every rank detects identically,
 // without any extra collective.
+//
+// Note [Static graph]
+// With static_graph the first synchronised backward learns the graph: how
+// many times each parameter's gradient hook fires (0: unused on this rank;
+// more than 1: a re-entrant backward, e.g. activation checkpointing of a
+// module used twice, accumulates into .grad() more than once). Nothing is
+// launched during that backward; finalize_backward() reduces every bucket
+// (as PyTorch's delay_all_reduce) and records the counts and the order for
+// the bucket rebuild. From then on no graph is searched: the parameters
+// unused in the first iteration are marked ready at the first hook, and a
+// parameter becomes ready at its last expected hook, so its gradient is
+// reduced once, after its last use. A backward whose counts differ (the
+// graph changed) still reduces every bucket, then raises InvalidArgument on
+// the rank that saw the change, naming the parameter and both counts.
 //
 // Threading: the hooks and the callback run on the thread running
 // backward() (CPU) or autograd's device threads (CUDA); all state is guarded
@@ -57,7 +74,9 @@
 #include <string>
 #include <vector>
 
+#include "bucket_comm.h"
 #include "ddp/collectives.h"
+#include "ddp/comm_hooks.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/process_group.h"
 
@@ -68,6 +87,7 @@ struct ReducerOptions {
   int64_t first_bucket_cap_bytes = 1 << 20;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
+  bool static_graph = false;  // Note [Static graph]
   std::optional<std::chrono::milliseconds> timeout;
 };
 
@@ -101,6 +121,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   void fill_stats(DdpStats& stats) const;
 
+  // Replaces the built-in all_reduce with `hook` (comm_hooks.h). Only before
+  // the first forward, once: InvalidArgument otherwise. Re-lays the buckets
+  // out of shared memory.
+  void register_comm_hook(CommHook hook, std::string name);
+
   // Join (see join.h): for the next synchronised iteration, `users` ranks
   // produce gradients and the sum is divided by `divisor`. Default: the
   // world size for both.
@@ -132,7 +157,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void mark_ready(size_t index, bool produced);
   void launch_ready_buckets();
   void launch(size_t bucket);
-  void start_all_reduce(size_t bucket);
+  void start_comm(size_t bucket);
+  std::vector<BucketIo> bucket_io() const;
+  BucketIo bucket_io(size_t bucket) const;
   void finalize_backward();
   void wait_and_write_back(std::vector<float>& counts);
   void check_unused(const std::vector<float>& counts);
@@ -141,14 +168,25 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // and the 1/1 scale are identities, so buckets are skipped entirely and
   // .grad() is left as autograd wrote it (exactly the values the buckets
   // would give; gradient_as_bucket_view makes no views then).
-  bool local_only() const { return world_size_ == 1 && divisor_ == 1; }
+  // A comm hook is called even then (its rounding applies, as in PyTorch).
+  bool local_only() const {
+    return world_size_ == 1 && divisor_ == 1 && comm_->prescaled();
+  }
   std::vector<size_t> unreachable_from(const std::vector<at::Tensor>& outputs) const;
   void reset_iteration();
+  // Note [Static graph] (reducer_static_graph.cc).
+  bool static_learning() const { return options_.static_graph && !static_learned_; }
+  bool static_graph_hook(size_t index);
+  std::vector<size_t> static_unused() const;
+  void learn_static_graph();
+  void check_static_graph(bool learned_now);
 
   std::vector<Param> params_;
   std::vector<Bucket> buckets_;
   ProcessGroupPtr group_;
   ReducerOptions options_;
+  std::unique_ptr<BucketComm> comm_;
+  bool custom_hook_ = false;
   int world_size_;
   int users_ = 0;          // ranks producing gradients this iteration
   int divisor_ = 0;        // the scale in every bucket is 1 / divisor_
@@ -179,6 +217,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool warned_never_unused_ = false;
   bool shared_buckets_ = false;  // the last allocate_flat() gave shared memory
   std::unique_ptr<Timing> timing_;
+  // static_graph: hooks seen per parameter this iteration, and expected
+  // (learned in the first synchronised iteration); first-fire order.
+  std::vector<int> hooks_seen_, hooks_expected_;
+  std::vector<size_t> first_fired_;
+  bool static_learned_ = false;
+  std::vector<std::string> static_changes_;  // this iteration's violations
 };
 
 }  // namespace ddp::detail

@@ -53,6 +53,7 @@ Reducer::Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
                  ProcessGroupPtr group, ReducerOptions options)
     : group_(std::move(group)),
       options_(std::move(options)),
+      comm_(make_fused_all_reduce({group_, options_.timeout})),
       world_size_(group_->size()),
       users_(world_size_),
       divisor_(world_size_),
@@ -66,6 +67,7 @@ Reducer::Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
   }
   ready_.assign(params_.size(), 0);
   used_since_sync_.assign(params_.size(), 0);
+  hooks_seen_.assign(params_.size(), 0);
   // Reverse registration order approximates the order gradients become
   // ready (the last layer's first).
   std::vector<size_t> order(params_.size());
@@ -104,7 +106,7 @@ Reducer::~Reducer() {
 at::Tensor Reducer::allocate_flat(int64_t numel, const at::TensorOptions& opts) {
   const auto& shm = group_->impl().shm;
   shared_buckets_ = false;
-  if (shm && opts.device().is_cpu()) {
+  if (shm && opts.device().is_cpu() && comm_->shared_memory_buckets()) {
     at::Tensor t = shm->allocate(numel, opts.dtype().toScalarType());
     if (t.defined()) {
       shared_buckets_ = true;
@@ -181,8 +183,30 @@ void Reducer::prepare_for_forward() {
   timing_->rebuilt = true;
 }
 
+void Reducer::register_comm_hook(CommHook hook, std::string name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (custom_hook_) {
+    throw InvalidArgument(fmt::format(
+        "DistributedDataParallel::register_comm_hook: a comm hook ('{}') is already "
+        "registered; it can be registered only once (as in PyTorch). Construct a new "
+        "wrapper to change it",
+        comm_->name()));
+  }
+  if (iterations_ > 0 || mode_ != Mode::kNone) {
+    throw InvalidArgument(
+        "DistributedDataParallel::register_comm_hook: call it before the first forward "
+        "(the buckets have already been reduced with the built-in all_reduce)");
+  }
+  comm_ = make_hook_comm({group_, options_.timeout}, std::move(hook), std::move(name));
+  custom_hook_ = true;
+  std::vector<size_t> order;
+  for (const Bucket& b : buckets_) order.insert(order.end(), b.params.begin(), b.params.end());
+  build_buckets(order);  // out of shared memory
+}
+
 void Reducer::fill_stats(DdpStats& s) const {
   std::lock_guard<std::mutex> lock(mu_);
+  s.comm_hook = comm_->name();
   s.world_size = world_size_;
   s.parameters = static_cast<int64_t>(params_.size());
   s.bucket_bytes.clear();

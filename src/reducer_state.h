@@ -39,7 +39,6 @@ struct Reducer::Bucket {
   std::vector<float> produced;    // this iteration's flags, copied at launch
   at::Tensor scale;               // 1 / world_size, in the bucket's dtype
   size_t pending = 0;             // parameters not ready yet
-  Work work;                      // the in-flight all_reduce
   bool in_shared_memory = false;  // flat lives in the group's shared memory
 };
 

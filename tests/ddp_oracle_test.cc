@@ -12,8 +12,10 @@
 
 #include <torch/version.h>
 
+#include "ddp/comm_hooks.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/join.h"
+#include "ddp/powersgd.h"
 #include "support/model_state.h"
 #include "support/models.h"
 #include "support/oracle.h"
@@ -39,7 +41,42 @@ struct Scenario {
   std::vector<int> rank_steps;  // uneven inputs under join: steps per rank
   bool divide_by_initial = true;
   int aux_micro = -1;  // branchy: the micro-step using aux (-1: all)
+  std::string comm_hook;  // a built-in hook's PyTorch name, or "" for none
+  bool static_graph = false;
+  // Compression hooks: one float32 ulp of difference in a gradient (Python's
+  // and libtorch's kernels may sum in another order) can move its float16
+  // rounding by one float16 ulp (about 1e-4 relative), which SGD's step
+  // (lr 0.1) turns into ~1e-5 in a parameter. bfloat16's ulp is 8x larger.
+  double atol() const {
+    if (comm_hook.rfind("fp16", 0) == 0) return 1e-4;
+    if (comm_hook.rfind("bf16", 0) == 0) return 1e-3;
+    if (comm_hook.find("powerSGD") != std::string::npos) return 1e-5;
+    return 1e-6;
+  }
 };
+
+// "powerSGD rank=R [same_shape]" / "batched_powerSGD rank=R": a fresh
+// state per call (per rank), start_powerSGD_iter 2, seed 0.
+CommHook powersgd_named(const std::string& name) {
+  PowerSGDOptions o;
+  o.start_powerSGD_iter = 2;
+  o.matrix_approximation_rank = std::stoi(name.substr(name.find("rank=") + 5));
+  o.batch_tensors_with_same_shape = name.find("same_shape") != std::string::npos;
+  auto state = std::make_shared<PowerSGDState>(o);
+  if (name.rfind("batched", 0) == 0) {
+    return [state](GradBucket& b) { return batched_powerSGD_hook(*state, b); };
+  }
+  return [state](GradBucket& b) { return powerSGD_hook(*state, b); };
+}
+
+CommHook hook_named(const std::string& name) {
+  if (name.find("powerSGD") != std::string::npos) return powersgd_named(name);
+  if (name == "allreduce") return allreduce_hook;
+  if (name == "fp16_compress") return fp16_compress_hook;
+  if (name == "bf16_compress") return bf16_compress_hook;
+  if (name == "fp16_compress_wrapper(allreduce)") return fp16_compress_wrapper(allreduce_hook);
+  throw std::invalid_argument("no hook " + name);
+}
 
 bool python_torch_available() { return oracle_configured(); }
 
@@ -67,16 +104,28 @@ NamedState state_from_json(const Net& like, const json& j) {
 
 // Trains `init` on kWorld thread ranks with ddp; returns rank 0's state.
 template <typename Net>
+Net make_net(const Scenario& sc) {
+  if constexpr (std::is_same_v<Net, Twice>) {
+    return Twice(sc.model == "twice_checkpointed");
+  } else {
+    return Net();
+  }
+}
+
+template <typename Net>
 NamedState train_with_ddp(const Net& init, const Scenario& sc, const at::Tensor& x,
                           const at::Tensor& y) {
-  std::vector<Net> models(kWorld);
+  std::vector<Net> models;
+  for (int r = 0; r < kWorld; ++r) models.push_back(make_net<Net>(sc));
   for (auto& m : models) copy_state(init, m);
   NamedState rank0;
   run_ranks(kWorld, [&](int r) {
     DistributedDataParallelOptions o;
     o.find_unused_parameters = sc.find_unused;
     o.gradient_as_bucket_view = sc.bucket_view;
+    o.static_graph = sc.static_graph;
     DistributedDataParallel<Net> model(models[r], o);
+    if (!sc.comm_hook.empty()) model.register_comm_hook(hook_named(sc.comm_hook), sc.comm_hook);
     torch::optim::SGD opt(model.parameters(), 0.1);
     auto forward = [&](const at::Tensor& xs, int micro = -1) {
       if constexpr (std::is_same_v<Net, Branchy>) {
@@ -122,7 +171,7 @@ NamedState train_with_ddp(const Net& init, const Scenario& sc, const at::Tensor&
 template <typename Net>
 void add_case(const Scenario& sc, json& spec, std::vector<std::function<void(const json&)>>& checks) {
   torch::manual_seed(11 + static_cast<int>(checks.size()));
-  auto init = std::make_shared<Net>();
+  auto init = std::make_shared<Net>(make_net<Net>(sc));
   at::Tensor x = torch::randn({kSteps, kWorld * kBatch, sc.in});
   at::Tensor y = torch::randn({kSteps, kWorld * kBatch, 4});
   spec["scenarios"].push_back({{"model", sc.model},
@@ -133,14 +182,19 @@ void add_case(const Scenario& sc, json& spec, std::vector<std::function<void(con
                                {"accumulate", sc.accumulate}, {"aux_rank", sc.aux_rank},
                                {"find_unused_parameters", sc.find_unused},
                                {"aux_micro", sc.aux_micro},
-                               {"gradient_as_bucket_view", sc.bucket_view}});
+                               {"gradient_as_bucket_view", sc.bucket_view},
+                               {"comm_hook", sc.comm_hook},
+                               {"static_graph", sc.static_graph}});
   if (!sc.rank_steps.empty()) {
     spec["scenarios"].back()["rank_steps"] = sc.rank_steps;
     spec["scenarios"].back()["divide_by_initial_world_size"] = sc.divide_by_initial;
   }
   checks.push_back([init, sc, x, y](const json& result) {
     NamedState ours = train_with_ddp(*init, sc, x, y);
-    expect_same_state(ours, state_from_json(*init, result), "scenario " + sc.model);
+    expect_same_state(ours, state_from_json(*init, result),
+                      "scenario " + sc.model + (sc.comm_hook.empty() ? "" : " " + sc.comm_hook) +
+                          (sc.static_graph ? " static_graph" : ""),
+                      sc.atol());
   });
 }
 
@@ -166,6 +220,52 @@ TEST(DdpOracle, MatchesPythonDistributedDataParallel) {
   // checks ddp against one process on both libtorch versions.
   add_case<Branchy>({"branchy", 8, true, false, 2, 1, {}, true, 0}, spec, checks);
 #endif
+  // Built-in comm hooks, as torch.distributed.algorithms.ddp_comm_hooks.
+  for (std::string hook : {"allreduce", "fp16_compress", "fp16_compress_wrapper(allreduce)"}) {
+    Scenario sc{"mlp"};
+    sc.comm_hook = hook;
+    add_case<Mlp>(sc, spec, checks);
+  }
+  {
+    Scenario sc{"branchy", 8, true, false, 2, 1};  // no_sync + find_unused
+    sc.comm_hook = "allreduce";
+    add_case<Branchy>(sc, spec, checks);
+    sc.comm_hook = "fp16_compress";
+    add_case<Branchy>(sc, spec, checks);
+  }
+#if TORCH_VERSION_MAJOR >= 2
+  // PowerSGD from iteration 2 of 4, error feedback and warm start on.
+  // (PyTorch 1.13's hooks differ: no batch_tensors_with_same_shape, 2-D
+  // orthogonalisation; ddp follows 2.x.)
+  for (std::string hook : {"powerSGD rank=1", "powerSGD rank=2", "batched_powerSGD rank=1"}) {
+    Scenario sc{"mlp"};
+    sc.comm_hook = hook;
+    add_case<Mlp>(sc, spec, checks);
+  }
+  {
+    Scenario sc{"tied"};  // "w" and "mid.weight": two 8x8 matrices, stacked
+    sc.comm_hook = "powerSGD rank=1 same_shape";
+    add_case<Tied>(sc, spec, checks);
+  }
+  {
+    Scenario sc{"mlp"};  // PyTorch 1.13's Gloo cannot reduce bfloat16
+    sc.comm_hook = "bf16_compress";
+    add_case<Mlp>(sc, spec, checks);
+  }
+#endif
+  // static_graph: a module called twice (plain, and checkpointed with a
+  // re-entrant backward: its gradient accumulates twice), and a parameter
+  // used on one rank only, without find_unused_parameters.
+  for (std::string model : {"twice", "twice_checkpointed"}) {
+    Scenario sc{model};
+    sc.static_graph = true;
+    add_case<Twice>(sc, spec, checks);
+  }
+  {
+    Scenario sc{"branchy", 8, false, false, 1, 1};
+    sc.static_graph = true;
+    add_case<Branchy>(sc, spec, checks);
+  }
   // A tied weight through the optimizer: stepped once per step, as Python.
   add_case<Tied>({"tied"}, spec, checks);
 

@@ -130,9 +130,6 @@ TEST(DdpErrors, BadOptions) {
       }
     };
     DistributedDataParallelOptions o;
-    o.static_graph = true;
-    expect(o, "static_graph is not supported yet");
-    o = {};
     o.bucket_cap_mb = 0;
     expect(o, "bucket_cap_mb (0)");
     o = {};

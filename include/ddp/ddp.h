@@ -8,6 +8,8 @@
 //   collectives.h               all_reduce, broadcast, all_gather, ...
 //   distributed_sampler.h       DistributedSampler (PyTorch's indices)
 //   distributed_data_parallel.h DistributedDataParallel, no_sync, stats
+//   comm_hooks.h                comm hooks (fp16/bf16 compression, your own)
+//   powersgd.h                  PowerSGD compression hooks
 //   join.h                      uneven inputs (Join)
 //   metrics.h                   metrics reduced over ranks
 //   logging.h                   rank-0 / rank-prefixed logging
@@ -23,6 +25,7 @@
 
 #include "ddp/checkpoint.h"
 #include "ddp/collectives.h"
+#include "ddp/comm_hooks.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/distributed_sampler.h"
 #include "ddp/env.h"
@@ -30,4 +33,5 @@
 #include "ddp/join.h"
 #include "ddp/logging.h"
 #include "ddp/metrics.h"
+#include "ddp/powersgd.h"
 #include "ddp/process_group.h"

@@ -58,6 +58,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/comm_hooks.h"
 #include "ddp/process_group.h"
 
 namespace ddp {
@@ -82,7 +83,16 @@ struct DistributedDataParallelOptions {
   // Make each .grad() a view into its bucket: saves one copy per parameter
   // and the gradients' memory. Do not assign .grad() yourself then.
   bool gradient_as_bucket_view = false;
-  // Not supported yet: true throws InvalidArgument at construction.
+  // PyTorch's static_graph: the graph is the same every iteration. The first
+  // synchronised backward learns which parameters get gradients and how many
+  // times (reducing everything at its end); after it, no graph is searched
+  // (unused parameters are allowed without find_unused_parameters, at no
+  // cost per iteration), and a parameter whose gradient is accumulated more
+  // than once per backward (a re-entrant backward: activation checkpointing
+  // of a module used twice) is reduced once, after its last use. A backward
+  // whose graph differs from the first raises InvalidArgument naming the
+  // parameter (after reducing, so no rank hangs). Takes precedence over
+  // find_unused_parameters.
   bool static_graph = false;
   // (Debug mode, DDP_DEBUG=1 or InitOptions::debug_collectives, also checks
   // no_sync's rule: see NoSyncGuard.)
@@ -118,6 +128,9 @@ struct DdpStats {
   double exposed_comm_s = 0;            // waiting for buckets after the last
                                         // gradient (communication not hidden)
   double buffer_broadcast_s = 0;        // broadcast_buffers per forward
+  std::string comm_hook;                // how buckets are communicated: the
+                                        // built-in all_reduce or the name of
+                                        // the registered comm hook
 };
 
 // A one-line summary of DdpStats for logs.
@@ -179,6 +192,7 @@ void set_grad_sync(DdpCore& core, bool enabled);
 bool grad_sync(const DdpCore& core);
 void sync_buffers(DdpCore& core);
 DdpStats stats(const DdpCore& core);
+void register_comm_hook(DdpCore& core, CommHook hook, std::string name);
 // Parameters deduplicated by identity (a tied tensor once, under its first
 // name), as Python's Module.parameters() / named_parameters().
 std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module, bool recurse);
@@ -263,8 +277,8 @@ class NoSyncGuard {
 // shapes and dtypes, in the same registration order). It throws
 //   MismatchError    on every rank when the models differ, naming the first
 //                    differing parameter and both ranks' shapes;
-//   InvalidArgument  for bad options (bucket sizes <= 0, static_graph,
-//                    several device_ids, parameters on several devices);
+//   InvalidArgument  for bad options (bucket sizes <= 0, several
+//                    device_ids, parameters on several devices);
 //   TimeoutError / CommError as the collectives (collectives.h).
 // construction also throws InvalidArgument for a parameter with sparse
 // gradients (Embedding/EmbeddingBag with sparse=true), naming it.
@@ -339,6 +353,26 @@ class DistributedDataParallel {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(core_); }
 
   DdpStats stats() const { return detail::stats(*core_); }
+
+  // PyTorch's register_comm_hook: `hook` replaces the built-in all_reduce
+  // of each gradient bucket (comm_hooks.h: when it runs, what it gets, what
+  // it must return; the built-in hooks). Call it once, before the first
+  // forward, on every rank with the same hook; InvalidArgument otherwise
+  // (or for an empty hook). `name` appears in stats() and error messages.
+  //   model.register_comm_hook(ddp::fp16_compress_hook, "fp16_compress");
+  void register_comm_hook(CommHook hook, std::string name = "custom") {
+    detail::register_comm_hook(*core_, std::move(hook), std::move(name));
+  }
+  // With PyTorch's separate state: hook(*state, bucket) is called; the
+  // wrapper shares ownership of `state`.
+  template <typename State, typename Hook>
+  void register_comm_hook(std::shared_ptr<State> state, Hook hook, std::string name = "custom") {
+    register_comm_hook(
+        [state = std::move(state), hook = std::move(hook)](GradBucket& b) {
+          return hook(*state, b);
+        },
+        std::move(name));
+  }
 
   // For ddp's own extensions (join, comm hooks).
   detail::DdpCore& core() { return *core_; }

@@ -24,6 +24,8 @@ bool cuda_compiled() {
 #endif
 }
 
+bool gloo_reduces_bfloat16() { return TORCH_VERSION_MAJOR >= 2; }
+
 bool nccl_compiled() {
 #ifdef DDP_WITH_NCCL
   return true;

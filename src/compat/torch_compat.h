@@ -39,6 +39,10 @@ std::string torch_version();
 bool cuda_compiled();
 bool nccl_compiled();
 
+// Whether this libtorch's Gloo backend reduces bfloat16 tensors (PyTorch
+// 2.x; 1.13's raises "Invalid scalar type").
+bool gloo_reduces_bfloat16();
+
 // A Gloo backend bound to `address` (an IP address or host name of this
 // machine, "if:<name>" for a network interface, or "" for PyTorch's default
 // device: the host name's address, else loopback), with `threads` worker

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 class Mlp(nn.Module):
@@ -69,7 +70,32 @@ class Tied(nn.Module):
         return (self.mid(torch.tanh(x @ self.w)) @ self.w.t())[:, :4]
 
 
-MODELS = {"mlp": Mlp, "bncnn": BnCnn, "branchy": Branchy, "tied": Tied}
+class Twice(nn.Module):
+    """One block called twice; "twice_checkpointed" checkpoints each call
+    with a re-entrant backward (block's gradient accumulates twice)."""
+
+    def __init__(self, checkpointed=False):
+        super().__init__()
+        self.inp = nn.Linear(8, 8)
+        self.block = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 4)
+        self.checkpointed = checkpointed
+
+    def fn(self, x):
+        return torch.tanh(self.block(x))
+
+    def forward(self, x):
+        x = torch.tanh(self.inp(x))
+        for _ in range(2):
+            if self.checkpointed:
+                x = torch.utils.checkpoint.checkpoint(self.fn, x, use_reentrant=True)
+            else:
+                x = self.fn(x)
+        return self.head(x)
+
+
+MODELS = {"mlp": Mlp, "bncnn": BnCnn, "branchy": Branchy, "tied": Tied, "twice": Twice,
+          "twice_checkpointed": lambda: Twice(checkpointed=True)}
 
 
 def load_state(model, state):
@@ -84,13 +110,54 @@ def final_state(model):
     return {n: t.detach().reshape(-1).tolist() for n, t in model.state_dict().items()}
 
 
+def register_powersgd(ddp, name):
+    """name: "powerSGD rank=R" or "batched_powerSGD rank=R", optionally
+    followed by " same_shape" (batch_tensors_with_same_shape)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as P
+    hook, rank = name.split()[0], int(name.split()[1].split("=")[1])
+    # PyTorch 2.13's batched hook hands a 2-D Q to _orthogonalize, which
+    # asserts 3-D; orthogonalise it as a batch of one, as ddp does.
+    original = P._orthogonalize
+    if not getattr(original, "ddp_patched", False):
+        def orthogonalize(matrices, epsilon=0):
+            if matrices.dim() == 2:
+                matrices = matrices.unsqueeze(0)
+            original(matrices, epsilon)
+        orthogonalize.ddp_patched = True
+        P._orthogonalize = orthogonalize
+    state = P.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
+                            random_seed=0, batch_tensors_with_same_shape="same_shape" in name)
+    ddp.register_comm_hook(state, P.powerSGD_hook if hook == "powerSGD"
+                           else P.batched_powerSGD_hook)
+
+
+def register_hook(ddp, name):
+    """The comm hook named as ddp_oracle_test.cc names ddp's built-in ones."""
+    if not name:
+        return
+    if "powerSGD" in name:
+        return register_powersgd(ddp, name)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as dh
+    hooks = {
+        "allreduce": dh.allreduce_hook,
+        "fp16_compress": dh.fp16_compress_hook,
+        # PyTorch refuses its bf16 hook by name without NCCL 2.10 or XCCL; the
+        # same function under another name runs on Gloo (2.x reduces bf16).
+        "bf16_compress": lambda state, bucket: dh.bf16_compress_hook(state, bucket),
+        "fp16_compress_wrapper(allreduce)": dh.fp16_compress_wrapper(dh.allreduce_hook),
+    }
+    ddp.register_comm_hook(None, hooks[name])
+
+
 def run_scenario(rank, world, sc):
     model = MODELS[sc["model"]]()
     load_state(model, sc["init"])
     ddp = nn.parallel.DistributedDataParallel(
         model,
         find_unused_parameters=sc.get("find_unused_parameters", False),
-        gradient_as_bucket_view=sc.get("gradient_as_bucket_view", False))
+        gradient_as_bucket_view=sc.get("gradient_as_bucket_view", False),
+        static_graph=sc.get("static_graph", False))
+    register_hook(ddp, sc.get("comm_hook", ""))
     opt = torch.optim.SGD(ddp.parameters(), lr=sc["lr"])
     x = torch.tensor(sc["x"], dtype=torch.float32).view(sc["x_shape"])
     y = torch.tensor(sc["y"], dtype=torch.float32).view(sc["y_shape"])

@@ -68,4 +68,51 @@ struct BranchyImpl : torch::nn::Module {
 };
 TORCH_MODULE(Branchy);
 
+// Activation checkpointing with a re-entrant backward, as
+// torch.utils.checkpoint(use_reentrant=True): forward without a graph,
+// backward recomputes `fn` with one and runs a nested backward through it,
+// which accumulates into the parameters of `fn` from inside the outer one.
+struct Checkpoint : torch::autograd::Function<Checkpoint> {
+  using Fn = std::function<at::Tensor(const at::Tensor&)>;
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x, const Fn* fn) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
+    at::NoGradGuard no_grad;
+    return (*fn)(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const Fn* fn = reinterpret_cast<const Fn*>(ctx->saved_data["fn"].toInt());
+    at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    at::Tensor y;
+    {
+      at::AutoGradMode on(true);
+      y = (*fn)(x);
+    }
+    torch::autograd::backward({y}, {grads[0]});
+    return {x.grad(), at::Tensor()};
+  }
+};
+
+// One block called twice in forward, optionally each call checkpointed
+// (then block's gradient is accumulated twice per backward). The input
+// layer makes the first checkpoint's input require grad.
+struct TwiceImpl : torch::nn::Module {
+  torch::nn::Linear inp{nullptr}, block{nullptr}, head{nullptr};
+  bool checkpointed;
+  Checkpoint::Fn fn;
+  explicit TwiceImpl(bool checkpoint = false) : checkpointed(checkpoint) {
+    inp = register_module("inp", torch::nn::Linear(8, 8));
+    block = register_module("block", torch::nn::Linear(8, 8));
+    head = register_module("head", torch::nn::Linear(8, 4));
+    fn = [this](const at::Tensor& x) { return torch::tanh(block(x)); };
+  }
+  at::Tensor forward(at::Tensor x) {
+    x = torch::tanh(inp(x));
+    for (int i = 0; i < 2; ++i) x = checkpointed ? Checkpoint::apply(x, &fn) : fn(x);
+    return head(x);
+  }
+};
+TORCH_MODULE(Twice);
+
 }  // namespace ddp::testing

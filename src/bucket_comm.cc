@@ -1,0 +1,150 @@
+// The two BucketComm implementations of Note [Bucket communication].
+#include "bucket_comm.h"
+
+#include <ATen/ops/cat.h>
+#include <fmt/format.h>
+
+#include <exception>
+#include <utility>
+
+#include "ddp/error.h"
+#include "process_group_impl.h"
+
+namespace ddp::detail {
+namespace {
+
+// Today's default: one all_reduce per bucket over [grads | flags].
+class FusedAllReduce : public BucketComm {
+ public:
+  explicit FusedAllReduce(BucketCommContext c) : c_(std::move(c)) {}
+  bool prescaled() const override { return true; }
+  bool shared_memory_buckets() const override { return true; }
+  std::string name() const override { return "built-in all_reduce (fused with the used flags)"; }
+
+  void launch(const BucketIo& b) override {
+    if (b.index == 0) works_.assign(b.count, Work());
+    CollectiveOptions copts{c_.group, c_.timeout};
+    std::vector<at::Tensor> tensors{b.flat};
+    c_.group->impl().monitor_step(b.iteration);
+    works_.at(b.index) = Work(start_work(
+        copts,
+        fmt::format("all_reduce of gradient bucket {} of {} (iteration {})", b.index, b.count,
+                    b.iteration),
+        [&](compat::Backend& backend, std::chrono::milliseconds t) {
+          c10d::AllreduceOptions o;
+          o.timeout = t;
+          return backend_all_reduce(c_.group->impl(), backend, tensors, o);
+        },
+        [&] { return "all_reduce SUM " + describe_tensors(tensors); }));
+  }
+
+  void wait(const std::vector<BucketIo>&) override {
+    for (Work& w : works_) w.wait();
+  }
+
+ private:
+  BucketCommContext c_;
+  std::vector<Work> works_;
+};
+
+// A user's CommHook per bucket, then every bucket's flags in one all_reduce.
+class HookComm : public BucketComm {
+ public:
+  HookComm(BucketCommContext c, CommHook hook, std::string name)
+      : c_(std::move(c)), hook_(std::move(hook)), name_(std::move(name)) {}
+  bool prescaled() const override { return false; }
+  bool shared_memory_buckets() const override { return false; }
+  std::string name() const override { return name_; }
+
+  void launch(const BucketIo& b) override {
+    if (b.index == 0) {
+      results_.assign(b.count, BucketWork());
+      flags_.clear();
+    }
+    c_.group->impl().monitor_step(b.iteration);
+    results_.at(b.index) = run_hook(b);
+    flags_.push_back(b.flags.to(at::kFloat));
+    if (b.index + 1 == b.count) {
+      flags_sum_ = at::cat(flags_);
+      flags_work_ = all_reduce_async(flags_sum_, ReduceOp::SUM, {c_.group, c_.timeout});
+    }
+  }
+
+  void wait(const std::vector<BucketIo>& buckets) override {
+    for (size_t k = 0; k < buckets.size(); ++k) take_value(buckets[k], results_.at(k).wait());
+    flags_work_.wait();
+    int64_t at = 0;
+    for (const BucketIo& b : buckets) {
+      b.flags.copy_(flags_sum_.narrow(0, at, b.flags.numel()));
+      at += b.flags.numel();
+    }
+  }
+
+ private:
+  BucketWork run_hook(const BucketIo& b) {
+    GradBucket g;
+    g.index = b.index;
+    g.is_last = b.index + 1 == b.count;
+    g.buffer = b.grads;
+    g.parameters = b.params;
+    g.offsets = b.offsets;
+    g.divisor = b.divisor;
+    g.collective = CollectiveOptions{c_.group, c_.timeout};
+    g.iteration = b.iteration;
+    BucketWork w;
+    try {
+      w = hook_(g);
+    } catch (const Error&) {
+      throw;  // collective errors keep their type
+    } catch (const std::exception& e) {
+      throw InvalidArgument(fmt::format(
+          "DistributedDataParallel: comm hook '{}' threw on gradient bucket {} of {} "
+          "(iteration {}): {}",
+          name_, b.index, b.count, b.iteration, e.what()));
+    }
+    if (!w.valid()) {
+      throw InvalidArgument(fmt::format(
+          "DistributedDataParallel: comm hook '{}' returned an empty BucketWork for "
+          "gradient bucket {} of {}; return BucketWork::ready(bucket.buffer) to keep "
+          "the local gradients",
+          name_, b.index, b.count));
+    }
+    return w;
+  }
+
+  void take_value(const BucketIo& b, const at::Tensor& value) const {
+    if (!value.defined() || value.numel() != b.grads.numel() ||
+        value.scalar_type() != b.grads.scalar_type()) {
+      throw InvalidArgument(fmt::format(
+          "DistributedDataParallel: comm hook '{}' gave gradient bucket {} of {} a "
+          "value with {} elements of {}; expected {} elements of {} (the bucket "
+          "buffer's size and dtype)",
+          name_, b.index, b.count, value.defined() ? value.numel() : 0,
+          value.defined() ? c10::toString(value.scalar_type()) : "undefined",
+          b.grads.numel(), c10::toString(b.grads.scalar_type())));
+    }
+    if (value.data_ptr() != b.grads.data_ptr()) b.grads.copy_(value.reshape({-1}));
+  }
+
+  BucketCommContext c_;
+  CommHook hook_;
+  std::string name_;
+  std::vector<BucketWork> results_;
+  std::vector<at::Tensor> flags_;
+  at::Tensor flags_sum_;
+  Work flags_work_;
+};
+
+}  // namespace
+
+std::unique_ptr<BucketComm> make_fused_all_reduce(BucketCommContext context) {
+  return std::make_unique<FusedAllReduce>(std::move(context));
+}
+
+std::unique_ptr<BucketComm> make_hook_comm(BucketCommContext context, CommHook hook,
+                                           std::string name) {
+  if (!hook) throw InvalidArgument("DistributedDataParallel::register_comm_hook: the hook is empty");
+  return std::make_unique<HookComm>(std::move(context), std::move(hook), std::move(name));
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,290 @@
+// PowerSGD hooks (powersgd.h), following PyTorch's powerSGD_hook.py step for
+// step so that the same seed gives the same values.
+#include "ddp/powersgd.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linalg_qr.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/norm.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "ddp/error.h"
+
+namespace ddp {
+namespace {
+
+// PyTorch's _orthogonalize_gram_schmidt over a batch [B, n, r], in place.
+void gram_schmidt(const at::Tensor& m, double eps) {
+  const int64_t cols = m.size(2);
+  for (int64_t i = 0; i < cols; ++i) {
+    at::Tensor col = m.narrow(2, i, 1);
+    at::Tensor norm = at::norm(col, 2, {1}, /*keepdim=*/true);
+    col.div_(eps == 0 ? norm : norm + eps);
+    if (i + 1 < cols) {
+      at::Tensor rest = m.narrow(2, i + 1, cols - i - 1);
+      rest.sub_(at::sum(col * rest, {1}, /*keepdim=*/true) * col);
+    }
+  }
+}
+
+// PyTorch's _orthogonalize: Gram-Schmidt for rank <= 2 or half precision,
+// else QR. A 2-D matrix is a batch of one (see powersgd.h).
+void orthogonalize(at::Tensor m, double eps) {
+  if (m.dim() == 2) m = m.unsqueeze(0);
+  const bool half = m.scalar_type() == at::kHalf || m.scalar_type() == at::kBFloat16;
+  if (m.size(2) <= 2 || half) {
+    gram_schmidt(m, eps);
+  } else {
+    m.copy_(std::get<0>(at::linalg_qr(m)));
+  }
+}
+
+// Random Q on the CPU from a fresh generator seeded as PyTorch seeds its
+// global one (fork_rng + manual_seed), then moved to the bucket's device.
+at::Tensor fill_random(const at::Tensor& q, uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  return q.copy_(at::randn(q.sizes(), gen, at::TensorOptions().dtype(q.scalar_type())));
+}
+
+struct Compressible {
+  std::vector<at::Tensor> matrices;  // [B, n, m] batches (views or stacks)
+  std::vector<std::vector<at::Tensor>> originals;  // per stacked batch
+};
+
+}  // namespace
+
+PowerSGDState::PowerSGDState(PowerSGDOptions options) : options_(options) {
+  if ((options_.use_error_feedback || options_.warm_start) && options_.start_powerSGD_iter <= 1) {
+    throw InvalidArgument(fmt::format(
+        "PowerSGDState: start_powerSGD_iter is {}; it must be > 1 with use_error_feedback or "
+        "warm_start, because the buckets are rebuilt after the first iteration (as in PyTorch)",
+        options_.start_powerSGD_iter));
+  }
+  if (options_.matrix_approximation_rank < 1) {
+    throw InvalidArgument(fmt::format("PowerSGDState: matrix_approximation_rank is {}; it must be >= 1",
+                                      options_.matrix_approximation_rank));
+  }
+  rng_ = std::make_shared<std::mt19937>(options_.random_seed);
+}
+
+// numpy's legacy RandomState(seed).randint(10**9): MT19937 seeded like
+// std::mt19937, 32-bit draws masked to 30 bits, rejected above the bound.
+uint64_t PowerSGDState::next_seed() {
+  auto& gen = *static_cast<std::mt19937*>(rng_.get());
+  uint32_t v;
+  do {
+    v = static_cast<uint32_t>(gen()) & ((1u << 30) - 1);
+  } while (v > 999999999u);
+  return v;
+}
+
+void PowerSGDState::maybe_increase_iter(const GradBucket& bucket) {
+  if (bucket.is_last) ++iter_;
+}
+
+PowerSGDState::CompressionStats PowerSGDState::compression_stats() const {
+  CompressionStats s;
+  s.numel_before = numel_before_;
+  s.numel_after = numel_after_;
+  s.rate = numel_after_ > 0 ? static_cast<double>(numel_before_) / numel_after_ : 0;
+  return s;
+}
+
+BucketWork powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
+  const PowerSGDOptions& o = state.options_;
+  if (state.iter_ < o.start_powerSGD_iter) {
+    state.maybe_increase_iter(bucket);
+    return allreduce_hook(bucket);
+  }
+  at::Tensor input = bucket.buffer;
+  const size_t k = bucket.index;
+  at::Tensor input_copy;
+  if (o.use_error_feedback) {
+    auto it = state.error_.find(k);
+    if (it != state.error_.end()) {
+      input.add_(it->second);
+    } else {
+      state.error_[k] = at::zeros({input.numel()}, input.options());
+    }
+    input_copy = input.detach().clone();
+  }
+  // Which gradients to compress, grouped by shape in order of appearance.
+  std::vector<std::pair<std::vector<int64_t>, std::vector<at::Tensor>>> by_shape;
+  std::vector<at::Tensor> uncompressed;
+  int64_t total_p = 0, total_q = 0;
+  for (const at::Tensor& t : bucket.gradients()) {
+    if (t.dim() == 0) {  // a scalar parameter: nothing to factor
+      uncompressed.push_back(t);
+      state.numel_before_ += 1;
+      state.numel_after_ += 1;
+      continue;
+    }
+    at::Tensor matrix = t.view({t.size(0), -1});
+    const int64_t n = matrix.size(0), m = matrix.size(1);
+    const int64_t r = std::min<int64_t>({n, m, o.matrix_approximation_rank});
+    const int64_t before = n * m, after = (n + m) * r;
+    state.numel_before_ += before;
+    if (static_cast<double>(after) * o.min_compression_rate < static_cast<double>(before)) {
+      auto shape = matrix.sizes().vec();
+      auto it = std::find_if(by_shape.begin(), by_shape.end(),
+                             [&](const auto& e) { return e.first == shape; });
+      if (it == by_shape.end()) it = by_shape.insert(by_shape.end(), {shape, {}});
+      it->second.push_back(matrix);
+      total_p += n * r;
+      total_q += m * r;
+      state.numel_after_ += after;
+    } else {
+      uncompressed.push_back(t);
+      state.numel_after_ += before;
+    }
+  }
+  at::Tensor flat_uncompressed;
+  if (uncompressed.empty()) {
+    flat_uncompressed = at::empty({0}, input.options());
+  } else {
+    std::vector<at::Tensor> flat;
+    for (const at::Tensor& t : uncompressed) flat.push_back(t.reshape({-1}));
+    flat_uncompressed = at::cat(flat);
+  }
+  const bool randomize = !o.warm_start || !state.p_memory_.count(k);
+  if (randomize) {
+    state.p_memory_[k] = at::empty({total_p}, input.options());
+    state.q_memory_[k] = at::empty({total_q}, input.options());
+  }
+  // PyTorch's maybe_batched_tensors_to_compress, and the P/Q views.
+  Compressible c;
+  for (auto& [shape, tensors] : by_shape) {
+    if (o.batch_tensors_with_same_shape && tensors.size() > 1) {
+      c.matrices.push_back(at::stack(tensors));
+      c.originals.push_back(tensors);
+    } else {
+      for (const at::Tensor& t : tensors) {
+        c.matrices.push_back(t.unsqueeze(0));
+        c.originals.emplace_back();
+      }
+    }
+  }
+  std::vector<at::Tensor> ps, qs;
+  int64_t p_at = 0, q_at = 0;
+  for (const at::Tensor& t : c.matrices) {
+    const int64_t b = t.size(0), n = t.size(1), m = t.size(2);
+    const int64_t r = std::min<int64_t>({n, m, o.matrix_approximation_rank});
+    ps.push_back(state.p_memory_[k].narrow(0, p_at, b * n * r).view({b, n, r}));
+    qs.push_back(state.q_memory_[k].narrow(0, q_at, b * m * r).view({b, m, r}));
+    p_at += b * n * r;
+    q_at += b * m * r;
+  }
+  if (!randomize) {
+    for (const at::Tensor& q : qs) orthogonalize(q, o.orthogonalization_epsilon);
+  } else {
+    at::Generator gen = at::detail::createCPUGenerator(state.next_seed());
+    for (const at::Tensor& q : qs) {
+      q.copy_(at::randn(q.sizes(), gen, at::TensorOptions().dtype(q.scalar_type())));
+      orthogonalize(q, o.orthogonalization_epsilon);
+    }
+  }
+  for (size_t i = 0; i < c.matrices.size(); ++i) at::bmm_out(ps[i], c.matrices[i], qs[i]);
+  Work first = all_reduce_async(flat_uncompressed, ReduceOp::SUM, bucket.collective);
+  PowerSGDState* st = &state;
+  return BucketWork(std::move(first), flat_uncompressed)
+      .then([st, bucket, k, uncompressed, c, ps, qs, input, input_copy](at::Tensor sum) mutable {
+        const PowerSGDOptions& o = st->options_;
+        const int world = bucket.divisor;
+        sum.div_(world);
+        int64_t at = 0;
+        for (const at::Tensor& t : uncompressed) {
+          t.copy_(sum.narrow(0, at, t.numel()).view_as(t));
+          at += t.numel();
+        }
+        all_reduce(st->p_memory_[k], ReduceOp::SUM, bucket.collective);
+        for (const at::Tensor& p : ps) orthogonalize(p, o.orthogonalization_epsilon);
+        for (size_t i = 0; i < c.matrices.size(); ++i) {
+          at::bmm_out(qs[i], c.matrices[i].transpose(1, 2), ps[i]);
+        }
+        all_reduce(st->q_memory_[k], ReduceOp::SUM, bucket.collective);
+        st->q_memory_[k].div_(world);
+        for (size_t i = 0; i < c.matrices.size(); ++i) {
+          at::bmm_out(c.matrices[i], ps[i], qs[i].transpose(1, 2));
+          for (size_t j = 0; j < c.originals[i].size(); ++j) c.originals[i][j].copy_(c.matrices[i][j]);
+        }
+        if (o.use_error_feedback) st->error_[k] = input_copy - input;
+        if (!o.warm_start) {
+          st->p_memory_.clear();
+          st->q_memory_.clear();
+        }
+        st->maybe_increase_iter(bucket);
+        return input;
+      });
+}
+
+BucketWork batched_powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
+  const PowerSGDOptions& o = state.options_;
+  if (state.iter_ < o.start_powerSGD_iter) {
+    state.maybe_increase_iter(bucket);
+    return allreduce_hook(bucket);
+  }
+  at::Tensor input = bucket.buffer;
+  const int64_t total = input.numel();
+  const int64_t side = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(total))));
+  const int64_t r = std::min<int64_t>(side, o.matrix_approximation_rank);
+  state.numel_before_ += total;
+  state.numel_after_ += side * r * 2;
+  // PyTorch resizes the bucket buffer in place; ours is a view into the
+  // reducer's bucket, so the padded matrix is a copy, written back at the end.
+  at::Tensor padded = at::zeros({side * side}, input.options());
+  padded.narrow(0, 0, total).copy_(input);
+  const size_t k = bucket.index;
+  at::Tensor padded_copy;
+  if (o.use_error_feedback) {
+    auto it = state.error_.find(k);
+    if (it != state.error_.end()) {
+      padded.add_(it->second);
+    } else {
+      state.error_[k] = at::zeros({side * side}, input.options());
+    }
+    padded_copy = padded.detach().clone();
+  }
+  at::Tensor matrix = padded.view({side, side});
+  if (!o.warm_start || !state.p_memory_.count(k)) {
+    state.p_memory_[k] = at::empty({side, r}, input.options());
+    at::Tensor q = at::empty({side, r}, input.options().device(at::kCPU));
+    state.q_memory_[k] = fill_random(q, state.next_seed()).to(input.device());
+  }
+  orthogonalize(state.q_memory_[k], o.orthogonalization_epsilon);
+  at::matmul_out(state.p_memory_[k], matrix, state.q_memory_[k]);
+  Work first = all_reduce_async(state.p_memory_[k], ReduceOp::SUM, bucket.collective);
+  PowerSGDState* st = &state;
+  return BucketWork(std::move(first), state.p_memory_[k])
+      .then([st, bucket, k, matrix, padded, padded_copy, input, total](at::Tensor p) mutable {
+        const PowerSGDOptions& o = st->options_;
+        orthogonalize(p, o.orthogonalization_epsilon);
+        at::Tensor q = st->q_memory_[k];
+        at::matmul_out(q, matrix.t(), p);
+        all_reduce(q, ReduceOp::SUM, bucket.collective);
+        q.div_(bucket.divisor);
+        at::matmul_out(matrix, p, q.t());
+        if (o.use_error_feedback) st->error_[k] = padded_copy - padded;
+        if (!o.warm_start) {
+          st->p_memory_.clear();
+          st->q_memory_.clear();
+        }
+        input.copy_(padded.narrow(0, 0, total));
+        st->maybe_increase_iter(bucket);
+        return input;
+      });
+}
+
+}  // namespace ddp
