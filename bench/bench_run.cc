@@ -18,7 +18,9 @@
 #include <cstdlib>
 
 #include "ddp/collectives.h"
+#include "ddp/comm_hooks.h"
 #include "ddp/distributed_data_parallel.h"
+#include "ddp/powersgd.h"
 #include "ddp/error.h"
 #include "ddp/process_group.h"
 #include "model.h"  // tools/ddp-train: FashionCnn
@@ -85,8 +87,34 @@ DistributedDataParallelOptions ddp_options(const RunConfig& c, bool sync_mode) {
   o.bucket_cap_mb = c.bucket_cap_mb;
   o.first_bucket_cap_mb = c.first_bucket_cap_mb;
   o.gradient_as_bucket_view = c.gradient_as_bucket_view;
+  o.find_unused_parameters = c.find_unused_parameters;
+  o.static_graph = c.static_graph;
   o.broadcast_buffers = c.broadcast_buffers && !sync_mode;
   return o;
+}
+
+// Registers c.comm_hook on `net`; returns the PowerSGD state, if any, for
+// its compression statistics.
+template <typename Net>
+std::shared_ptr<PowerSGDState> register_hook(Net& net, const RunConfig& c) {
+  const std::string& h = c.comm_hook;
+  if (h == "none") return nullptr;
+  if (h == "allreduce") net.register_comm_hook(allreduce_hook, h);
+  else if (h == "fp16") net.register_comm_hook(fp16_compress_hook, h);
+  else if (h == "bf16") net.register_comm_hook(bf16_compress_hook, h);
+  else if (h.rfind("powersgd-", 0) == 0 || h.rfind("batched-powersgd-", 0) == 0) {
+    PowerSGDOptions o;
+    o.start_powerSGD_iter = 2;
+    o.matrix_approximation_rank = std::stoi(h.substr(h.rfind('-') + 1));
+    auto state = std::make_shared<PowerSGDState>(o);
+    if (h[0] == 'b') net.register_comm_hook(state, batched_powerSGD_hook, h);
+    else net.register_comm_hook(state, powerSGD_hook, h);
+    return state;
+  } else {
+    throw InvalidArgument("ddp-bench: --comm-hook " + h + " is not one of none, allreduce, fp16, "
+                          "bf16, powersgd-R, batched-powersgd-R");
+  }
+  return nullptr;
 }
 
 json stats_json(const DdpStats& s) {
@@ -165,9 +193,16 @@ json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, in
     r = train_loop(model, opt, batches, c, /*distributed=*/world > 1);
   } else {
     DistributedDataParallel<M> net(model, ddp_options(c, false));
+    auto powersgd = register_hook(net, c);
     torch::optim::SGD opt(net.parameters(), sgd);
     r = train_loop(net, opt, batches, c, /*distributed=*/true);
     out["ddp_stats"] = stats_json(net.stats());
+    if (powersgd) {
+      auto cs = powersgd->compression_stats();
+      int64_t compressed = powersgd->iteration() - powersgd->options().start_powerSGD_iter;
+      out["powersgd"] = {{"numel_before", cs.numel_before}, {"numel_after", cs.numel_after},
+                         {"rate", cs.rate}, {"compressed_iterations", compressed}};
+    }
   }
   out["elapsed_s"] = r.elapsed_s;
   out["samples_per_s"] = static_cast<double>(world) * s.batch * c.steps / r.elapsed_s;
@@ -280,6 +315,9 @@ json run_benchmark(const RunConfig& c) {
   out["device"] = c.device;
   out["backend"] = c.backend;
   out["gradient_as_bucket_view"] = c.gradient_as_bucket_view;
+  out["comm_hook"] = c.comm_hook;
+  out["find_unused_parameters"] = c.find_unused_parameters;
+  out["static_graph"] = c.static_graph;
   out["bucket_cap_mb"] = c.bucket_cap_mb;
   out["torch_version"] = TORCH_VERSION;
   return out;

@@ -45,6 +45,11 @@ struct RunConfig {
   double bucket_cap_mb = 25.0;
   double first_bucket_cap_mb = 1.0;
   bool gradient_as_bucket_view = false;
+  // none (the built-in all_reduce), allreduce, fp16, bf16, or powersgd-R
+  // (PowerSGD rank R from iteration 2; batched-powersgd-R the batched hook).
+  std::string comm_hook = "none";
+  bool find_unused_parameters = false;
+  bool static_graph = false;
   bool broadcast_buffers = true;
   int gloo_threads = 2;
 };

@@ -38,6 +38,12 @@ void add_flags(CLI::App& app, ddp::bench::RunConfig& c) {
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb, "DDP bucket_cap_mb")->capture_default_str();
   app.add_option("--first-bucket-cap-mb", c.first_bucket_cap_mb, "DDP first bucket, MiB")
       ->capture_default_str();
+  app.add_option("--comm-hook", c.comm_hook,
+                 "none, allreduce, fp16, bf16, powersgd-R or batched-powersgd-R (R: rank)")
+      ->capture_default_str();
+  app.add_flag("--find-unused-parameters", c.find_unused_parameters,
+               "DDP find_unused_parameters");
+  app.add_flag("--static-graph", c.static_graph, "DDP static_graph");
   app.add_flag("--gradient-as-bucket-view", c.gradient_as_bucket_view,
                "DDP gradient_as_bucket_view");
   app.add_option("--broadcast-buffers", c.broadcast_buffers, "DDP broadcast_buffers (0/1)")

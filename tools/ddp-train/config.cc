@@ -109,6 +109,14 @@ TrainConfig parse_args(int argc, char** argv) {
   add_count(app, "--test-samples", c.test_samples, "Use only the first N test images");
   app.add_flag("--find-unused-parameters", c.find_unused_parameters,
                "DistributedDataParallel's find_unused_parameters");
+  app.add_option("--comm-hook", c.comm_hook,
+                 "How gradient buckets are communicated: none (the built-in all_reduce), "
+                 "allreduce, fp16, bf16 (PyTorch's allreduce_hook, fp16_compress_hook, "
+                 "bf16_compress_hook), or powersgd-R (powerSGD_hook of rank R = 1, 2 or 4, "
+                 "compressing from step 10)")
+      ->check(CLI::IsMember({"none", "allreduce", "fp16", "bf16", "powersgd-1", "powersgd-2",
+                             "powersgd-4"}));
+  app.add_flag("--static-graph", c.static_graph, "DistributedDataParallel's static_graph");
   app.add_option("--log-every", c.log_every, "Steps between progress lines when not a terminal")
       ->check(integer_at_least(1));
   app.add_option("--timeout", c.timeout_s, "Seconds any collective may wait")

@@ -29,6 +29,9 @@ struct TrainConfig {
   int64_t train_samples = -1;  // use the first N training images (tests)
   int64_t test_samples = -1;   // use the first N test images (tests)
   bool find_unused_parameters = false;
+  // --comm-hook: none, allreduce, fp16, bf16, powersgd-1, powersgd-2, powersgd-4
+  std::string comm_hook = "none";
+  bool static_graph = false;
   int log_every = 50;          // steps between progress lines (not a tty)
   double timeout_s = 600;      // bound on every collective
   int threads = 0;             // torch intra-op threads; 0: OMP_NUM_THREADS or 1

@@ -63,6 +63,19 @@ c10::Device pick_device(const TrainConfig& c) {
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local));
 }
 
+// --comm-hook: PyTorch's built-in hooks by their short names.
+void register_comm_hook(DistributedDataParallel<FashionCnn>& model, const std::string& name) {
+  if (name == "allreduce") model.register_comm_hook(allreduce_hook, "allreduce");
+  if (name == "fp16") model.register_comm_hook(fp16_compress_hook, "fp16_compress");
+  if (name == "bf16") model.register_comm_hook(bf16_compress_hook, "bf16_compress");
+  if (name.rfind("powersgd-", 0) == 0) {
+    PowerSGDOptions o;
+    o.matrix_approximation_rank = std::stoi(name.substr(9));
+    o.start_powerSGD_iter = 10;
+    model.register_comm_hook(std::make_shared<PowerSGDState>(o), powerSGD_hook, name);
+  }
+}
+
 void set_up(Run& r) {
   const TrainConfig& c = r.config;
   InitOptions io;
@@ -85,8 +98,10 @@ void set_up(Run& r) {
   r.net->to(r.device);
   DistributedDataParallelOptions o;
   o.find_unused_parameters = c.find_unused_parameters;
+  o.static_graph = c.static_graph;
   if (r.device.is_cuda()) o.device_ids = {r.device};
   r.model = std::make_unique<DistributedDataParallel<FashionCnn>>(r.net, o);
+  register_comm_hook(*r.model, c.comm_hook);
   double lr = c.scale_lr ? c.lr * r.world : c.lr;
   if (c.optimizer == "sgd") {
     r.optimizer = std::make_unique<torch::optim::SGD>(
