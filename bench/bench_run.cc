@@ -199,7 +199,8 @@ json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, in
     out["ddp_stats"] = stats_json(net.stats());
     if (powersgd) {
       auto cs = powersgd->compression_stats();
-      int64_t compressed = powersgd->iteration() - powersgd->options().start_powerSGD_iter;
+      int64_t compressed = std::max<int64_t>(
+          0, powersgd->iteration() - powersgd->options().start_powerSGD_iter);
       out["powersgd"] = {{"numel_before", cs.numel_before}, {"numel_after", cs.numel_after},
                          {"rate", cs.rate}, {"compressed_iterations", compressed}};
     }

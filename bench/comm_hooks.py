@@ -90,7 +90,7 @@ def measure(a, launcher):
             names += [v for v in a.graph_variants.split(",") if v]
         for r in range(a.repeats):
             for name in bench_run.alternate(names, r):
-                flags = VARIANTS.get(name) or GRAPH_VARIANTS[name]
+                flags = VARIANTS[name] if name in VARIANTS else GRAPH_VARIANTS[name]
                 program = [launcher.ddp_bench, "--workload", workload, "--side", "ddp",
                            "--steps", steps, "--warmup", max(warmup, 3),
                            "--weights", weights] + flags

@@ -71,7 +71,10 @@ class HookComm : public BucketComm {
   }
 
   void wait(const std::vector<BucketIo>& buckets) override {
-    for (size_t k = 0; k < buckets.size(); ++k) take_value(buckets[k], results_.at(k).wait());
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      at::Tensor value = named_errors(buckets[k], "its result", [&] { return results_.at(k).wait(); });
+      take_value(buckets[k], value);
+    }
     flags_work_.wait();
     int64_t at = 0;
     for (const BucketIo& b : buckets) {
@@ -91,17 +94,7 @@ class HookComm : public BucketComm {
     g.divisor = b.divisor;
     g.collective = CollectiveOptions{c_.group, c_.timeout};
     g.iteration = b.iteration;
-    BucketWork w;
-    try {
-      w = hook_(g);
-    } catch (const Error&) {
-      throw;  // collective errors keep their type
-    } catch (const std::exception& e) {
-      throw InvalidArgument(fmt::format(
-          "DistributedDataParallel: comm hook '{}' threw on gradient bucket {} of {} "
-          "(iteration {}): {}",
-          name_, b.index, b.count, b.iteration, e.what()));
-    }
+    BucketWork w = named_errors(b, "", [&] { return hook_(g); });
     if (!w.valid()) {
       throw InvalidArgument(fmt::format(
           "DistributedDataParallel: comm hook '{}' returned an empty BucketWork for "
@@ -110,6 +103,26 @@ class HookComm : public BucketComm {
           name_, b.index, b.count));
     }
     return w;
+  }
+
+  // Runs fn; an error other than a collective's (which keeps its type)
+  // becomes InvalidArgument naming the hook and the bucket.
+  template <typename Fn>
+  auto named_errors(const BucketIo& b, const char* where, Fn&& fn) -> decltype(fn()) {
+    try {
+      return fn();
+    } catch (const TimeoutError&) {
+      throw;
+    } catch (const CommError&) {
+      throw;
+    } catch (const MismatchError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw InvalidArgument(fmt::format(
+          "DistributedDataParallel: comm hook '{}' threw on gradient bucket {} of {} "
+          "(iteration {}){}{}: {}",
+          name_, b.index, b.count, b.iteration, *where ? " computing " : "", where, e.what()));
+    }
   }
 
   void take_value(const BucketIo& b, const at::Tensor& value) const {
@@ -123,7 +136,9 @@ class HookComm : public BucketComm {
           value.defined() ? c10::toString(value.scalar_type()) : "undefined",
           b.grads.numel(), c10::toString(b.grads.scalar_type())));
     }
-    if (value.data_ptr() != b.grads.data_ptr()) b.grads.copy_(value.reshape({-1}));
+    if (!(value.data_ptr() == b.grads.data_ptr() && value.is_contiguous())) {
+      b.grads.copy_(value.reshape({-1}));
+    }
   }
 
   BucketCommContext c_;

@@ -3,6 +3,7 @@
 
 #include <ATen/ops/empty.h>
 
+#include <exception>
 #include <utility>
 
 #include "ddp/error.h"
@@ -10,17 +11,24 @@
 namespace ddp {
 
 struct BucketWork::State {
-  // Produces the value; reset once it has run.
+  // Produces the value; reset once it has run (successfully or not).
   std::function<at::Tensor()> produce;
   at::Tensor value;
+  std::exception_ptr error;
   bool done = false;
 
   at::Tensor get() {
     if (!done) {
-      value = produce();
-      produce = nullptr;
       done = true;
+      auto fn = std::move(produce);
+      produce = nullptr;
+      try {
+        value = fn();
+      } catch (...) {
+        error = std::current_exception();
+      }
     }
+    if (error) std::rethrow_exception(error);
     return value;
   }
 };

@@ -198,9 +198,13 @@ BucketWork powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
   }
   for (size_t i = 0; i < c.matrices.size(); ++i) at::bmm_out(ps[i], c.matrices[i], qs[i]);
   Work first = all_reduce_async(flat_uncompressed, ReduceOp::SUM, bucket.collective);
+  // The continuation holds this bucket's P and Q memory itself: without
+  // warm_start another bucket's continuation may drop the map entries first.
   PowerSGDState* st = &state;
+  at::Tensor p_mem = state.p_memory_[k], q_mem = state.q_memory_[k];
   return BucketWork(std::move(first), flat_uncompressed)
-      .then([st, bucket, k, uncompressed, c, ps, qs, input, input_copy](at::Tensor sum) mutable {
+      .then([st, bucket, k, uncompressed, c, ps, qs, p_mem, q_mem, input,
+             input_copy](at::Tensor sum) mutable {
         const PowerSGDOptions& o = st->options_;
         const int world = bucket.divisor;
         sum.div_(world);
@@ -209,21 +213,21 @@ BucketWork powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
           t.copy_(sum.narrow(0, at, t.numel()).view_as(t));
           at += t.numel();
         }
-        all_reduce(st->p_memory_[k], ReduceOp::SUM, bucket.collective);
+        all_reduce(p_mem, ReduceOp::SUM, bucket.collective);
         for (const at::Tensor& p : ps) orthogonalize(p, o.orthogonalization_epsilon);
         for (size_t i = 0; i < c.matrices.size(); ++i) {
           at::bmm_out(qs[i], c.matrices[i].transpose(1, 2), ps[i]);
         }
-        all_reduce(st->q_memory_[k], ReduceOp::SUM, bucket.collective);
-        st->q_memory_[k].div_(world);
+        all_reduce(q_mem, ReduceOp::SUM, bucket.collective);
+        q_mem.div_(world);
         for (size_t i = 0; i < c.matrices.size(); ++i) {
           at::bmm_out(c.matrices[i], ps[i], qs[i].transpose(1, 2));
           for (size_t j = 0; j < c.originals[i].size(); ++j) c.originals[i][j].copy_(c.matrices[i][j]);
         }
         if (o.use_error_feedback) st->error_[k] = input_copy - input;
-        if (!o.warm_start) {
-          st->p_memory_.clear();
-          st->q_memory_.clear();
+        if (!o.warm_start) {  // PyTorch clears both maps; each bucket's entry is its own
+          st->p_memory_.erase(k);
+          st->q_memory_.erase(k);
         }
         st->maybe_increase_iter(bucket);
         return input;
@@ -263,23 +267,25 @@ BucketWork batched_powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
     at::Tensor q = at::empty({side, r}, input.options().device(at::kCPU));
     state.q_memory_[k] = fill_random(q, state.next_seed()).to(input.device());
   }
-  orthogonalize(state.q_memory_[k], o.orthogonalization_epsilon);
-  at::matmul_out(state.p_memory_[k], matrix, state.q_memory_[k]);
-  Work first = all_reduce_async(state.p_memory_[k], ReduceOp::SUM, bucket.collective);
+  // PyTorch's batched hook orthogonalises without orthogonalization_epsilon.
+  at::Tensor p_mem = state.p_memory_[k], q_mem = state.q_memory_[k];
+  orthogonalize(q_mem, 0);
+  at::matmul_out(p_mem, matrix, q_mem);
+  Work first = all_reduce_async(p_mem, ReduceOp::SUM, bucket.collective);
   PowerSGDState* st = &state;
-  return BucketWork(std::move(first), state.p_memory_[k])
-      .then([st, bucket, k, matrix, padded, padded_copy, input, total](at::Tensor p) mutable {
+  return BucketWork(std::move(first), p_mem)
+      .then([st, bucket, k, matrix, padded, padded_copy, input, total,
+             q = q_mem](at::Tensor p) mutable {
         const PowerSGDOptions& o = st->options_;
-        orthogonalize(p, o.orthogonalization_epsilon);
-        at::Tensor q = st->q_memory_[k];
+        orthogonalize(p, 0);
         at::matmul_out(q, matrix.t(), p);
         all_reduce(q, ReduceOp::SUM, bucket.collective);
         q.div_(bucket.divisor);
         at::matmul_out(matrix, p, q.t());
         if (o.use_error_feedback) st->error_[k] = padded_copy - padded;
         if (!o.warm_start) {
-          st->p_memory_.clear();
-          st->q_memory_.clear();
+          st->p_memory_.erase(k);
+          st->q_memory_.erase(k);
         }
         input.copy_(padded.narrow(0, 0, total));
         st->maybe_increase_iter(bucket);

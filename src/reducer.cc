@@ -48,6 +48,7 @@ void Reducer::reset_iteration() {
   static_changes_.clear();
   next_launch_ = 0;
   first_hook_seen_ = false;
+  finalize_queued_ = false;
   unreachable_.clear();
   timing_->launched = false;
 }
@@ -55,8 +56,10 @@ void Reducer::reset_iteration() {
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs,
                                    bool outputs_known) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (expect_hooks_ && first_hook_seen_) {
-    // Hooks fired but the callback never ran: backward() threw midway.
+  if (broken_ || (expect_hooks_ && first_hook_seen_)) {
+    // Hooks fired but the callback never ran: backward() threw midway; or
+    // waiting for the buckets failed (a comm hook's value or continuation,
+    // a collective), leaving later buckets unfinished.
     throw InvalidArgument(
         "DistributedDataParallel: the previous backward() did not finish (it "
         "threw part-way), so gradient buckets were left half-reduced and the "
@@ -126,6 +129,22 @@ void Reducer::hook_outputs(const std::vector<at::Tensor>& outputs) {
 void Reducer::output_grad_seen() {
   std::lock_guard<std::mutex> lock(mu_);
   ++output_grads_;
+  // static_graph: an output's gradient is computed in the outer backward,
+  // so the callback lands on it even when the first parameter gradient
+  // arrives inside a re-entrant backward (a checkpointed last module), whose
+  // own end would otherwise finalize too early (PyTorch queues it from
+  // _DDPSink for static_graph). Not otherwise: an autograd::grad() through
+  // the outputs (a gradient penalty) would then finalize with no gradients.
+  if (expect_hooks_ && options_.static_graph) queue_finalize();
+}
+
+void Reducer::queue_finalize() {
+  if (finalize_queued_) return;
+  finalize_queued_ = true;
+  std::weak_ptr<Reducer> self = weak_from_this();
+  torch::autograd::Engine::get_default_engine().queue_callback([self] {
+    if (auto r = self.lock()) r->finalize_backward();
+  });
 }
 
 void Reducer::unexpected_gradient(size_t index) {
@@ -202,10 +221,7 @@ void Reducer::autograd_hook(size_t index) {
   }
   if (!first_hook_seen_) {
     first_hook_seen_ = true;
-    std::weak_ptr<Reducer> self = weak_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([self] {
-      if (auto r = self.lock()) r->finalize_backward();
-    });
+    queue_finalize();  // the outputs could not be hooked
     for (size_t i : unreachable_) mark_ready(i, /*produced=*/false);
   }
   if (options_.static_graph && !static_graph_hook(index)) return;
@@ -352,7 +368,12 @@ void Reducer::finalize_backward() {
   if (learning) learn_static_graph();
   launch_ready_buckets();
   std::vector<float> counts(params_.size(), 0.0f);
-  wait_and_write_back(counts);
+  try {
+    wait_and_write_back(counts);
+  } catch (...) {
+    broken_ = true;
+    throw;
+  }
   auto end = Timing::Clock::now();
   Timing& t = *timing_;
   if (iterations_ > 0) {  // the first iteration includes set-up

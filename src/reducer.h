@@ -161,6 +161,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<BucketIo> bucket_io() const;
   BucketIo bucket_io(size_t bucket) const;
   void finalize_backward();
+  // Queues finalize_backward() on the running graph task, once per backward.
+  void queue_finalize();
   void wait_and_write_back(std::vector<float>& counts);
   void check_unused(const std::vector<float>& counts);
   bool produced_here(size_t index) const;
@@ -205,6 +207,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool outputs_hooked_ = false;    // the last synchronised forward's outputs
   bool finalized_ = false;         // a backward finished since the forward
   bool first_hook_seen_ = false;
+  bool finalize_queued_ = false;
+  bool broken_ = false;            // waiting for the buckets threw
   size_t next_launch_ = 0;         // next bucket to all_reduce
   std::vector<char> ready_;        // per parameter
   std::vector<size_t> unreachable_;
@@ -218,9 +222,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool shared_buckets_ = false;  // the last allocate_flat() gave shared memory
   std::unique_ptr<Timing> timing_;
   // static_graph: hooks seen per parameter this iteration, and expected
-  // (learned in the first synchronised iteration); first-fire order.
+  // (learned in the first synchronised iteration).
   std::vector<int> hooks_seen_, hooks_expected_;
-  std::vector<size_t> first_fired_;
+  std::vector<uint64_t> last_fired_;  // learning: when each hook last fired
+  uint64_t fire_clock_ = 0;
   bool static_learned_ = false;
   std::vector<std::string> static_changes_;  // this iteration's violations
 };

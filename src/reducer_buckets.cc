@@ -68,6 +68,7 @@ Reducer::Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
   ready_.assign(params_.size(), 0);
   used_since_sync_.assign(params_.size(), 0);
   hooks_seen_.assign(params_.size(), 0);
+  last_fired_.assign(params_.size(), 0);
   // Reverse registration order approximates the order gradients become
   // ready (the last layer's first).
   std::vector<size_t> order(params_.size());
@@ -195,7 +196,8 @@ void Reducer::register_comm_hook(CommHook hook, std::string name) {
   if (iterations_ > 0 || mode_ != Mode::kNone) {
     throw InvalidArgument(
         "DistributedDataParallel::register_comm_hook: call it before the first forward "
-        "(the buckets have already been reduced with the built-in all_reduce)");
+        "(a forward has already run with the built-in all_reduce; construct a new wrapper "
+        "and register the hook before using it)");
   }
   comm_ = make_hook_comm({group_, options_.timeout}, std::move(hook), std::move(name));
   custom_hook_ = true;

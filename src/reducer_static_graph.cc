@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "ddp/error.h"
 #include "reducer_state.h"
 
@@ -12,7 +14,7 @@ namespace ddp::detail {
 bool Reducer::static_graph_hook(size_t index) {
   const int seen = ++hooks_seen_[index];
   if (!static_learned_) {
-    if (seen == 1) first_fired_.push_back(index);
+    last_fired_[index] = ++fire_clock_;
     return false;  // learning: everything is reduced in finalize_backward()
   }
   const int expected = hooks_expected_[index];
@@ -35,15 +37,20 @@ std::vector<size_t> Reducer::static_unused() const {
 }
 
 // End of the learning backward: the counts, and the rebuild order (the
-// unused parameters first, as find_unused_parameters marks them at the first
-// hook, then the order in which gradients first arrived).
+// unused parameters first, as they are marked ready at the first hook, then
+// the order of each parameter's last hook, when it becomes ready).
 void Reducer::learn_static_graph() {
   hooks_expected_ = hooks_seen_;
   static_learned_ = true;
   if (rebuild_done_) return;
+  std::vector<size_t> fired;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (hooks_seen_[i] > 0) fired.push_back(i);
+  }
+  std::sort(fired.begin(), fired.end(),
+            [&](size_t a, size_t b) { return last_fired_[a] < last_fired_[b]; });
   ready_order_ = static_unused();
-  ready_order_.insert(ready_order_.end(), first_fired_.begin(), first_fired_.end());
-  first_fired_.clear();
+  ready_order_.insert(ready_order_.end(), fired.begin(), fired.end());
 }
 
 void Reducer::check_static_graph(bool learned_now) {

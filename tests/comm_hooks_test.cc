@@ -341,6 +341,44 @@ TEST(CommHooks, ABadHookValueOrAThrowingHookNamesTheBucket) {
       << threw;
 }
 
+// An error while waiting (in a continuation) names the hook and the bucket,
+// and the next backward is refused: the ranks are out of step.
+TEST(CommHooks, AContinuationThatThrowsIsNamedAndStopsTraining) {
+  TrainRun run;
+  run.steps = 0;
+  std::vector<std::string> first(2), second(2);
+  run.setup = [&](auto& model, int r) {
+    model.register_comm_hook(
+        [](GradBucket& b) {
+          return allreduce_hook(b).then(
+              [](at::Tensor) -> at::Tensor { throw std::runtime_error("decoder broke"); });
+        },
+        "bad decoder");
+    auto step = [&] {
+      torch::mse_loss(model(data(0, r, 8), true), data(0, r + 100, 4)).backward();
+    };
+    try {
+      step();
+    } catch (const InvalidArgument& e) {
+      first[r] = e.what();
+    }
+    try {
+      step();
+    } catch (const InvalidArgument& e) {
+      second[r] = e.what();
+    }
+  };
+  train(run);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(first[r].find("comm hook 'bad decoder' threw on gradient bucket 0 of 1 "
+                            "(iteration 0) computing its result: decoder broke"),
+              std::string::npos)
+        << first[r];
+    EXPECT_NE(second[r].find("the previous backward() did not finish"), std::string::npos)
+        << second[r];
+  }
+}
+
 TEST(CommHooks, BucketWorkThenChainsAndWaitIsRepeatable) {
   int calls = 0;
   BucketWork w = BucketWork::ready(torch::ones({2})).then([&](at::Tensor t) {
@@ -351,6 +389,14 @@ TEST(CommHooks, BucketWorkThenChainsAndWaitIsRepeatable) {
   EXPECT_TRUE(torch::equal(w.wait(), torch::full({2}, 3.0)));
   EXPECT_EQ(calls, 1);
   EXPECT_THROW(BucketWork().wait(), InvalidArgument);
+  // An error is kept, not recomputed.
+  BucketWork failing = BucketWork::ready(torch::ones({1})).then([&](at::Tensor) -> at::Tensor {
+    ++calls;
+    throw std::runtime_error("once");
+  });
+  EXPECT_THROW(failing.wait(), std::runtime_error);
+  EXPECT_THROW(failing.wait(), std::runtime_error);
+  EXPECT_EQ(calls, 2);
 }
 
 // ---- PowerSGD (powersgd.h); ddp_oracle_test compares it with Python's ----
@@ -358,9 +404,12 @@ TEST(CommHooks, BucketWorkThenChainsAndWaitIsRepeatable) {
 // Rank 0's state after `steps` steps with a PowerSGD state built from `o`
 // on every rank (each rank its own state, as in PyTorch).
 std::vector<NamedState> train_powersgd(const PowerSGDOptions& o, bool batched, int steps,
-                                       std::vector<PowerSGDState::CompressionStats>* stats = nullptr) {
+                                       std::vector<PowerSGDState::CompressionStats>* stats = nullptr,
+                                       double bucket_cap_mb = 25) {
   TrainRun run;
   run.steps = steps;
+  run.options.bucket_cap_mb = bucket_cap_mb;
+  run.options.first_bucket_cap_mb = std::min(bucket_cap_mb, 1.0);
   std::vector<std::shared_ptr<PowerSGDState>> states;
   for (int r = 0; r < run.world; ++r) states.push_back(std::make_shared<PowerSGDState>(o));
   run.setup = [&](auto& model, int r) {
@@ -424,6 +473,33 @@ TEST(PowerSgd, RankOneCompressesTheLargeMatricesOnlyAndKeepsReplicasIdentical) {
   expect_same_state(got[0], train_powersgd(o, false, 4)[0], "same seed", 0);
   o.random_seed = 7;
   EXPECT_GT(max_diff(got[0], train_powersgd(o, false, 4)[0]), 1e-7);
+}
+
+// Several buckets (~100-byte caps), each with its own P, Q and error; no
+// warm start (P and Q drawn anew each time) and no error feedback.
+TEST(PowerSgd, SeveralBucketsWithoutWarmStartOrErrorFeedback) {
+  PowerSGDOptions o;
+  o.start_powerSGD_iter = 2;
+  o.min_compression_rate = 0;
+  o.matrix_approximation_rank = 16;
+  o.warm_start = false;
+  o.use_error_feedback = false;
+  auto want = train(plain_steps(4));
+  expect_same_state(train_powersgd(o, false, 4, nullptr, 1e-4)[0], want[0],
+                    "full rank, several buckets", 1e-4);
+  o.matrix_approximation_rank = 17;
+  expect_same_state(train_powersgd(o, true, 4, nullptr, 1e-4)[0], want[0],
+                    "batched, full rank, several buckets", 1e-4);
+  // At rank 1 the options change the numbers (each path is taken).
+  o.matrix_approximation_rank = 1;
+  o.min_compression_rate = 2;
+  auto plain = train_powersgd(o, false, 4, nullptr, 1e-4);
+  expect_same_state(plain[0], plain[1], "replicas", 0);
+  o.use_error_feedback = true;
+  auto feedback = train_powersgd(o, false, 4, nullptr, 1e-4);
+  EXPECT_GT(max_diff(plain[0], feedback[0]), 1e-6);
+  o.warm_start = true;
+  EXPECT_GT(max_diff(feedback[0], train_powersgd(o, false, 4, nullptr, 1e-4)[0]), 1e-6);
 }
 
 TEST(PowerSgd, BadOptionsAreRefusedAsInPyTorch) {

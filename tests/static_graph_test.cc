@@ -8,6 +8,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "ddp/comm_hooks.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/error.h"
 #include "support/model_state.h"
@@ -24,25 +25,28 @@ at::Tensor data(int step, int rank, int64_t cols) {
   return torch::randn({kBatch, cols}, gen);
 }
 
-struct Setup {
+struct TwiceRun {
   bool static_graph = false;
   bool checkpoint = false;
+  bool checkpoint_head = false;
+  CommHook hook;  // registered when set
   int world = 2;
   int steps = 4;
 };
 
 // Trains Twice from one seed; returns every rank's final state.
-std::vector<NamedState> train_twice(const Setup& s) {
+std::vector<NamedState> train_twice(const TwiceRun& s) {
   torch::manual_seed(5);
-  Twice init(s.checkpoint);
+  Twice init(s.checkpoint, s.checkpoint_head);
   std::vector<Twice> models;
-  for (int r = 0; r < s.world; ++r) models.emplace_back(s.checkpoint);
+  for (int r = 0; r < s.world; ++r) models.emplace_back(s.checkpoint, s.checkpoint_head);
   for (auto& m : models) copy_state(init, m);
   std::vector<NamedState> states(s.world);
   run_ranks(s.world, [&](int r) {
     DistributedDataParallelOptions o;
     o.static_graph = s.static_graph;
     DistributedDataParallel<Twice> model(models[r], o);
+    if (s.hook) model.register_comm_hook(s.hook, "under test");
     torch::optim::SGD opt(model.parameters(), 0.1);
     for (int step = 0; step < s.steps; ++step) {
       opt.zero_grad();
@@ -52,6 +56,14 @@ std::vector<NamedState> train_twice(const Setup& s) {
     states[r] = state_of(models[r]);
   });
   return states;
+}
+
+double max_abs_diff(const NamedState& a, const NamedState& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, (a[i].second - b[i].second).abs().max().item<double>());
+  }
+  return d;
 }
 
 // One process on the concatenated batches, no checkpointing.
@@ -86,6 +98,23 @@ TEST(StaticGraph, ReentrantBackwardReducesTheTwiceAccumulatedGradientOnce) {
   auto got = train_twice({true, true});
   expect_same_state(got[0], want, "checkpointed, static_graph", 1e-5);
   expect_same_state(got[1], got[0], "replicas", 0);
+}
+
+// The head checkpointed too: the first parameter gradient arrives inside a
+// nested backward, which must not end the outer one's reduction early.
+TEST(StaticGraph, FirstGradientInsideACheckpointAndWithACommHook) {
+  NamedState want = train_one_process(2, 4);
+  TwiceRun s{true, true, true};
+  auto got = train_twice(s);
+  expect_same_state(got[0], want, "head checkpointed", 1e-5);
+  s.checkpoint_head = false;
+  s.hook = allreduce_hook;
+  got = train_twice(s);
+  expect_same_state(got[0], want, "with allreduce_hook", 1e-5);
+  s.hook = fp16_compress_hook;
+  got = train_twice(s);
+  expect_same_state(got[1], got[0], "fp16 replicas", 0);
+  EXPECT_LT(max_abs_diff(got[0], want), 1e-2);
 }
 
 TEST(StaticGraph, ReentrantBackwardWithoutItNamesTheParameterAndTheWayOut) {

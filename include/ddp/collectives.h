@@ -74,8 +74,8 @@ class Work {
 };
 
 // Reduces `tensor` across ranks in place; every rank gets the result.
-// bfloat16 works on every backend: where Gloo lacks it (PyTorch 1.13) it
-// travels as float32 and the sum is rounded back once.
+// bfloat16 works on every backend here: where Gloo lacks it (PyTorch
+// 1.13) it travels as float32 and the sum is rounded back once.
 // Dense CPU tensors of float32/64, float16, bfloat16, int32 or int64 go
 // through shared memory between the ranks of one host (docs/shared_memory.md:
 // sums in rank order, bitwise identical on every rank), everything else

@@ -32,14 +32,18 @@
 // registered: the hook's own collectives (all_reduce_async and friends)
 // still take the shared-memory path for CPU tensors on one host.
 //
-// Errors: a hook that throws, or whose value has the wrong size or dtype,
-// makes backward() throw InvalidArgument naming the bucket (the ranks are
-// then out of step: restart from a checkpoint). Collective errors
-// propagate as TimeoutError/CommError (collectives.h).
+// Errors: a hook or continuation that throws, or a value of the wrong size
+// or dtype, makes backward() throw InvalidArgument naming the hook and the
+// bucket; TimeoutError, CommError and MismatchError from its collectives
+// keep their type. The ranks are then out of step: the wrapper refuses the
+// next forward's backward (restart, or resume from a checkpoint).
 //
 // Threading: a hook runs on the thread that runs backward() (CPU) or on
-// autograd's device thread (CUDA), under the reducer's lock: it must not
-// call back into the wrapper. Its BucketWork is waited on the same thread.
+// autograd's device threads (CUDA), under the reducer's lock: it must not
+// call back into the wrapper. Its BucketWork is waited on at the end of
+// backward, possibly on another autograd thread, after the GradBucket it
+// was given is gone: continuations must copy (capture by value) what they
+// need, as the built-in hooks do.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -62,7 +66,8 @@ struct GradBucket {
   // 1-D, contiguous, the parameters' dtype and device: this rank's
   // gradients of `parameters`, concatenated, not divided by anything. A
   // hook may modify it in place (the built-in hooks do) or return a fresh
-  // tensor. Zero for parameters that got no gradient on this rank.
+  // tensor. For a parameter that got no gradient on this rank: its .grad()
+  // if defined (e.g. from earlier accumulation), else zero.
   at::Tensor buffer;
   // The bucket's parameters and the element offset of each one's gradient
   // in `buffer` (gradients() gives the shaped views).
@@ -70,7 +75,8 @@ struct GradBucket {
   std::vector<int64_t> offsets;
   // What the built-in hooks divide the sum by: the group size (PyTorch's
   // process_group.size()); under ddp::join with divide_by_initial_world_size
-  // = false, the number of ranks still training.
+  // = false, the number of ranks still training (PyTorch's hooks always
+  // divide by the group size).
   int divisor = 1;
   // The wrapper's process group and timeout: pass to the collectives.
   CollectiveOptions collective;
@@ -83,7 +89,8 @@ struct GradBucket {
 
 // A hook's asynchronous result, PyTorch's torch.futures.Future[Tensor] for
 // one bucket: wait() blocks until it is available and returns it. Copies
-// share the one result. Not thread-safe: one thread waits.
+// share the one result. Not thread-safe: one thread waits. An error is
+// kept: every later wait() rethrows it without running anything again.
 class BucketWork {
  public:
   BucketWork() = default;

@@ -91,7 +91,9 @@ struct DistributedDataParallelOptions {
   // than once per backward (a re-entrant backward: activation checkpointing
   // of a module used twice) is reduced once, after its last use. A backward
   // whose graph differs from the first raises InvalidArgument naming the
-  // parameter (after reducing, so no rank hangs). Takes precedence over
+  // parameter, on the ranks whose graph changed, after that iteration's
+  // buckets are reduced (the other ranks then wait for them at the next
+  // collective, up to its timeout). Takes precedence over
   // find_unused_parameters.
   bool static_graph = false;
   // (Debug mode, DDP_DEBUG=1 or InitOptions::debug_collectives, also checks
@@ -357,8 +359,9 @@ class DistributedDataParallel {
   // PyTorch's register_comm_hook: `hook` replaces the built-in all_reduce
   // of each gradient bucket (comm_hooks.h: when it runs, what it gets, what
   // it must return; the built-in hooks). Call it once, before the first
-  // forward, on every rank with the same hook; InvalidArgument otherwise
-  // (or for an empty hook). `name` appears in stats() and error messages.
+  // forward; InvalidArgument otherwise (or for an empty hook). Every rank
+  // must register the same hook (ddp cannot check it: different hooks
+  // issue mismatched collectives). `name` appears in stats() and errors.
   //   model.register_comm_hook(ddp::fp16_compress_hook, "fp16_compress");
   void register_comm_hook(CommHook hook, std::string name = "custom") {
     detail::register_comm_hook(*core_, std::move(hook), std::move(name));

@@ -54,7 +54,8 @@ struct PowerSGDOptions {
   bool use_error_feedback = true;
   bool warm_start = true;
   // Added to each column norm in the orthogonalisation (0: none; a column
-  // of zeros then gives NaN, as in PyTorch; 1e-8 avoids it).
+  // of zeros then gives NaN, as in PyTorch; 1e-8 avoids it). The batched
+  // hook ignores it, as PyTorch's does.
   double orthogonalization_epsilon = 0;
   uint32_t random_seed = 0;
   // Stack same-shaped matrices of a bucket into one batched product.

@@ -97,20 +97,24 @@ struct Checkpoint : torch::autograd::Function<Checkpoint> {
 // One block called twice in forward, optionally each call checkpointed
 // (then block's gradient is accumulated twice per backward). The input
 // layer makes the first checkpoint's input require grad.
+// checkpoint_head: the head too, so the first parameter gradient of a
+// backward arrives inside a re-entrant backward.
 struct TwiceImpl : torch::nn::Module {
   torch::nn::Linear inp{nullptr}, block{nullptr}, head{nullptr};
-  bool checkpointed;
-  Checkpoint::Fn fn;
-  explicit TwiceImpl(bool checkpoint = false) : checkpointed(checkpoint) {
+  bool checkpointed, checkpointed_head;
+  Checkpoint::Fn fn, head_fn;
+  explicit TwiceImpl(bool checkpoint = false, bool checkpoint_head = false)
+      : checkpointed(checkpoint), checkpointed_head(checkpoint_head) {
     inp = register_module("inp", torch::nn::Linear(8, 8));
     block = register_module("block", torch::nn::Linear(8, 8));
     head = register_module("head", torch::nn::Linear(8, 4));
     fn = [this](const at::Tensor& x) { return torch::tanh(block(x)); };
+    head_fn = [this](const at::Tensor& x) { return head(x); };
   }
   at::Tensor forward(at::Tensor x) {
     x = torch::tanh(inp(x));
     for (int i = 0; i < 2; ++i) x = checkpointed ? Checkpoint::apply(x, &fn) : fn(x);
-    return head(x);
+    return checkpointed_head ? Checkpoint::apply(x, &head_fn) : head(x);
   }
 };
 TORCH_MODULE(Twice);
