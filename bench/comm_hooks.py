@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import report  # noqa: E402  (replace_section)
 import run as bench_run  # noqa: E402  (Launcher, weights, machine info)
 
 REPO = bench_run.REPO
@@ -133,15 +134,7 @@ def update_markdown(path, doc, shown):
     for workload in doc["workloads"]:
         parts += [f"**{workload}**", "", table(doc["runs"], workload), ""]
     parts.append(END)
-    text = path.read_text()
-    if BEGIN in text and END in text:
-        before, rest = text.split(BEGIN, 1)
-        text = before + "\n".join(parts) + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(parts) + "\n"
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    report.replace_section(path, BEGIN, END, parts)
 
 
 def main(argv):

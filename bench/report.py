@@ -209,13 +209,18 @@ def update_markdown(path, doc, results_path):
             + (f"; Python flags `{doc['python_args']}`" if doc["python_args"] else ""),
             f"- {doc['repeats']} alternations per configuration; each run's exact command is in the JSON "
             "(`runs[].launch.command`)", "", tables(doc), "", END]
+    replace_section(path, BEGIN, END, head)
+
+
+def replace_section(path, begin, end, lines):
+    """Replaces the text between the markers `begin` and `end` of the file
+    (lines include both markers), or appends the lines; atomically."""
     text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    if BEGIN in text and END in text:
-        before, rest = text.split(BEGIN, 1)
-        after = rest.split(END, 1)[1]
-        text = before + "\n".join(head) + after
+    if begin in text and end in text:
+        before, rest = text.split(begin, 1)
+        text = before + "\n".join(lines) + rest.split(end, 1)[1]
     else:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(head) + "\n"
+        text = text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(text)
     tmp.replace(path)

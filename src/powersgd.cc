@@ -103,71 +103,75 @@ PowerSGDState::CompressionStats PowerSGDState::compression_stats() const {
   return s;
 }
 
-BucketWork powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
-  const PowerSGDOptions& o = state.options_;
-  if (state.iter_ < o.start_powerSGD_iter) {
-    state.maybe_increase_iter(bucket);
-    return allreduce_hook(bucket);
+namespace {
+
+// with use_error_feedback: adds the bucket's previous compression error to
+// the gradients (a zero error the first time); returns the corrected input
+// for the next error. Undefined without error feedback.
+at::Tensor apply_error_feedback(const PowerSGDOptions& o, std::map<size_t, at::Tensor>& error,
+                                size_t k, at::Tensor& input) {
+  if (!o.use_error_feedback) return at::Tensor();
+  auto it = error.find(k);
+  if (it != error.end()) {
+    input.add_(it->second);
+  } else {
+    error[k] = at::zeros({input.numel()}, input.options());
   }
-  at::Tensor input = bucket.buffer;
-  const size_t k = bucket.index;
-  at::Tensor input_copy;
-  if (o.use_error_feedback) {
-    auto it = state.error_.find(k);
-    if (it != state.error_.end()) {
-      input.add_(it->second);
-    } else {
-      state.error_[k] = at::zeros({input.numel()}, input.options());
-    }
-    input_copy = input.detach().clone();
-  }
-  // Which gradients to compress, grouped by shape in order of appearance.
+  return input.detach().clone();
+}
+
+// PyTorch's split of a bucket: matrices worth compressing, grouped by shape
+// in order of appearance, and the rest; counts the compression statistics.
+struct Split {
   std::vector<std::pair<std::vector<int64_t>, std::vector<at::Tensor>>> by_shape;
   std::vector<at::Tensor> uncompressed;
   int64_t total_p = 0, total_q = 0;
+};
+
+Split split_gradients(const GradBucket& bucket, const PowerSGDOptions& o, int64_t& before_all,
+                      int64_t& after_all) {
+  Split s;
   for (const at::Tensor& t : bucket.gradients()) {
     if (t.dim() == 0) {  // a scalar parameter: nothing to factor
-      uncompressed.push_back(t);
-      state.numel_before_ += 1;
-      state.numel_after_ += 1;
+      s.uncompressed.push_back(t);
+      before_all += 1;
+      after_all += 1;
       continue;
     }
     at::Tensor matrix = t.view({t.size(0), -1});
     const int64_t n = matrix.size(0), m = matrix.size(1);
     const int64_t r = std::min<int64_t>({n, m, o.matrix_approximation_rank});
     const int64_t before = n * m, after = (n + m) * r;
-    state.numel_before_ += before;
+    before_all += before;
     if (static_cast<double>(after) * o.min_compression_rate < static_cast<double>(before)) {
       auto shape = matrix.sizes().vec();
-      auto it = std::find_if(by_shape.begin(), by_shape.end(),
+      auto it = std::find_if(s.by_shape.begin(), s.by_shape.end(),
                              [&](const auto& e) { return e.first == shape; });
-      if (it == by_shape.end()) it = by_shape.insert(by_shape.end(), {shape, {}});
+      if (it == s.by_shape.end()) it = s.by_shape.insert(s.by_shape.end(), {shape, {}});
       it->second.push_back(matrix);
-      total_p += n * r;
-      total_q += m * r;
-      state.numel_after_ += after;
+      s.total_p += n * r;
+      s.total_q += m * r;
+      after_all += after;
     } else {
-      uncompressed.push_back(t);
-      state.numel_after_ += before;
+      s.uncompressed.push_back(t);
+      after_all += before;
     }
   }
-  at::Tensor flat_uncompressed;
-  if (uncompressed.empty()) {
-    flat_uncompressed = at::empty({0}, input.options());
-  } else {
-    std::vector<at::Tensor> flat;
-    for (const at::Tensor& t : uncompressed) flat.push_back(t.reshape({-1}));
-    flat_uncompressed = at::cat(flat);
-  }
-  const bool randomize = !o.warm_start || !state.p_memory_.count(k);
-  if (randomize) {
-    state.p_memory_[k] = at::empty({total_p}, input.options());
-    state.q_memory_[k] = at::empty({total_q}, input.options());
-  }
-  // PyTorch's maybe_batched_tensors_to_compress, and the P/Q views.
+  return s;
+}
+
+at::Tensor concat_or_empty(const std::vector<at::Tensor>& tensors, const at::TensorOptions& opts) {
+  if (tensors.empty()) return at::empty({0}, opts);
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& t : tensors) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+// PyTorch's maybe_batched_tensors_to_compress.
+Compressible batch_matrices(const Split& s, bool stack_same_shape) {
   Compressible c;
-  for (auto& [shape, tensors] : by_shape) {
-    if (o.batch_tensors_with_same_shape && tensors.size() > 1) {
+  for (const auto& [shape, tensors] : s.by_shape) {
+    if (stack_same_shape && tensors.size() > 1) {
       c.matrices.push_back(at::stack(tensors));
       c.originals.push_back(tensors);
     } else {
@@ -177,59 +181,95 @@ BucketWork powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
       }
     }
   }
-  std::vector<at::Tensor> ps, qs;
+  return c;
+}
+
+// P [B, n, r] and Q [B, m, r] of each batch, views into the bucket's memory.
+void pq_views(const Compressible& c, const at::Tensor& p_mem, const at::Tensor& q_mem, int rank,
+              std::vector<at::Tensor>& ps, std::vector<at::Tensor>& qs) {
   int64_t p_at = 0, q_at = 0;
   for (const at::Tensor& t : c.matrices) {
     const int64_t b = t.size(0), n = t.size(1), m = t.size(2);
-    const int64_t r = std::min<int64_t>({n, m, o.matrix_approximation_rank});
-    ps.push_back(state.p_memory_[k].narrow(0, p_at, b * n * r).view({b, n, r}));
-    qs.push_back(state.q_memory_[k].narrow(0, q_at, b * m * r).view({b, m, r}));
+    const int64_t r = std::min<int64_t>({n, m, rank});
+    ps.push_back(p_mem.narrow(0, p_at, b * n * r).view({b, n, r}));
+    qs.push_back(q_mem.narrow(0, q_at, b * m * r).view({b, m, r}));
     p_at += b * n * r;
     q_at += b * m * r;
   }
-  if (!randomize) {
-    for (const at::Tensor& q : qs) orthogonalize(q, o.orthogonalization_epsilon);
-  } else {
-    at::Generator gen = at::detail::createCPUGenerator(state.next_seed());
-    for (const at::Tensor& q : qs) {
-      q.copy_(at::randn(q.sizes(), gen, at::TensorOptions().dtype(q.scalar_type())));
-      orthogonalize(q, o.orthogonalization_epsilon);
+}
+
+// After the uncompressed tensors' all_reduce: their average back into the
+// bucket, then P's all_reduce, Q = Mᵀ·P, Q's all_reduce, M ≈ P·Qᵀ.
+struct Decompress {
+  GradBucket bucket;
+  std::vector<at::Tensor> uncompressed, ps, qs;
+  Compressible c;
+  at::Tensor p_mem, q_mem;
+  double epsilon = 0;
+
+  void operator()(at::Tensor sum) {
+    const int world = bucket.divisor;
+    sum.div_(world);
+    int64_t at = 0;
+    for (const at::Tensor& t : uncompressed) {
+      t.copy_(sum.narrow(0, at, t.numel()).view_as(t));
+      at += t.numel();
+    }
+    all_reduce(p_mem, ReduceOp::SUM, bucket.collective);
+    for (const at::Tensor& p : ps) orthogonalize(p, epsilon);
+    for (size_t i = 0; i < c.matrices.size(); ++i) {
+      at::bmm_out(qs[i], c.matrices[i].transpose(1, 2), ps[i]);
+    }
+    all_reduce(q_mem, ReduceOp::SUM, bucket.collective);
+    q_mem.div_(world);
+    for (size_t i = 0; i < c.matrices.size(); ++i) {
+      at::bmm_out(c.matrices[i], ps[i], qs[i].transpose(1, 2));
+      for (size_t j = 0; j < c.originals[i].size(); ++j) c.originals[i][j].copy_(c.matrices[i][j]);
     }
   }
-  for (size_t i = 0; i < c.matrices.size(); ++i) at::bmm_out(ps[i], c.matrices[i], qs[i]);
-  Work first = all_reduce_async(flat_uncompressed, ReduceOp::SUM, bucket.collective);
+};
+
+}  // namespace
+
+BucketWork powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
+  const PowerSGDOptions& o = state.options_;
+  if (state.iter_ < o.start_powerSGD_iter) {
+    state.maybe_increase_iter(bucket);
+    return allreduce_hook(bucket);
+  }
+  at::Tensor input = bucket.buffer;
+  const size_t k = bucket.index;
+  at::Tensor input_copy = apply_error_feedback(o, state.error_, k, input);
+  Split split = split_gradients(bucket, o, state.numel_before_, state.numel_after_);
+  at::Tensor flat_uncompressed = concat_or_empty(split.uncompressed, input.options());
+  const bool randomize = !o.warm_start || !state.p_memory_.count(k);
+  if (randomize) {
+    state.p_memory_[k] = at::empty({split.total_p}, input.options());
+    state.q_memory_[k] = at::empty({split.total_q}, input.options());
+  }
   // The continuation holds this bucket's P and Q memory itself: without
   // warm_start another bucket's continuation may drop the map entries first.
+  Decompress d{bucket, split.uncompressed, {}, {}, batch_matrices(split, o.batch_tensors_with_same_shape),
+               state.p_memory_[k], state.q_memory_[k], o.orthogonalization_epsilon};
+  pq_views(d.c, d.p_mem, d.q_mem, o.matrix_approximation_rank, d.ps, d.qs);
+  at::Generator gen;
+  if (randomize) gen = at::detail::createCPUGenerator(state.next_seed());
+  for (const at::Tensor& q : d.qs) {
+    if (randomize) q.copy_(at::randn(q.sizes(), gen, at::TensorOptions().dtype(q.scalar_type())));
+    orthogonalize(q, o.orthogonalization_epsilon);
+  }
+  for (size_t i = 0; i < d.c.matrices.size(); ++i) at::bmm_out(d.ps[i], d.c.matrices[i], d.qs[i]);
+  Work first = all_reduce_async(flat_uncompressed, ReduceOp::SUM, bucket.collective);
   PowerSGDState* st = &state;
-  at::Tensor p_mem = state.p_memory_[k], q_mem = state.q_memory_[k];
   return BucketWork(std::move(first), flat_uncompressed)
-      .then([st, bucket, k, uncompressed, c, ps, qs, p_mem, q_mem, input,
-             input_copy](at::Tensor sum) mutable {
-        const PowerSGDOptions& o = st->options_;
-        const int world = bucket.divisor;
-        sum.div_(world);
-        int64_t at = 0;
-        for (const at::Tensor& t : uncompressed) {
-          t.copy_(sum.narrow(0, at, t.numel()).view_as(t));
-          at += t.numel();
-        }
-        all_reduce(p_mem, ReduceOp::SUM, bucket.collective);
-        for (const at::Tensor& p : ps) orthogonalize(p, o.orthogonalization_epsilon);
-        for (size_t i = 0; i < c.matrices.size(); ++i) {
-          at::bmm_out(qs[i], c.matrices[i].transpose(1, 2), ps[i]);
-        }
-        all_reduce(q_mem, ReduceOp::SUM, bucket.collective);
-        q_mem.div_(world);
-        for (size_t i = 0; i < c.matrices.size(); ++i) {
-          at::bmm_out(c.matrices[i], ps[i], qs[i].transpose(1, 2));
-          for (size_t j = 0; j < c.originals[i].size(); ++j) c.originals[i][j].copy_(c.matrices[i][j]);
-        }
-        if (o.use_error_feedback) st->error_[k] = input_copy - input;
-        if (!o.warm_start) {  // PyTorch clears both maps; each bucket's entry is its own
+      .then([st, d, k, input, input_copy](at::Tensor sum) mutable {
+        d(std::move(sum));
+        if (st->options_.use_error_feedback) st->error_[k] = input_copy - input;
+        if (!st->options_.warm_start) {  // PyTorch clears both maps; each bucket its own entry
           st->p_memory_.erase(k);
           st->q_memory_.erase(k);
         }
-        st->maybe_increase_iter(bucket);
+        st->maybe_increase_iter(d.bucket);
         return input;
       });
 }
