@@ -4,8 +4,10 @@
 //   ddprun --standalone --nproc-per-node 2 build/examples/comm_hooks
 //
 // Trains the examples' MLP four times: with the built-in float16 hook,
-// with float16 through a hook that counts the bytes it sends, with a
-// hand-written hook that clips the averaged gradients, and with PowerSGD. Exits 0 and rank 0
+// with float16 through a hook that counts the bytes it hands to all_reduce, with a
+// hand-written hook that clips the averaged gradients, and with PowerSGD.
+// Each run starts from new random weights (the global generator advances),
+// so their losses differ for that reason too. Exits 0 and rank 0
 // prints "comm_hooks: ... identical" when every run learned (the loss fell) and left every rank
 // with the same parameters, bit for bit.
 #include <ATen/ops/cross_entropy_loss.h>
@@ -29,13 +31,13 @@ namespace {
 using examples::Batch;
 using examples::Net;
 
-// Averages in float16, counting the bytes each rank sends.
+// Averages in float16, counting the bytes each rank hands to all_reduce.
 struct WireBytes {
   int64_t bytes = 0;
 };
 
 ddp::BucketWork counted_fp16(WireBytes& wire, ddp::GradBucket& bucket) {
-  wire.bytes += bucket.buffer.numel() * 2;  // float16 on the wire
+  wire.bytes += bucket.buffer.numel() * 2;  // float16: 2 bytes per element
   return ddp::fp16_compress_hook(bucket);
 }
 
@@ -97,7 +99,7 @@ int main() {
     const bool learned = builtin.second < builtin.first && fp16.second < fp16.first &&
                          clipped.second < clipped.first && powersgd.second < powersgd.first;
     ddp::print0f("comm_hooks: fp16 loss %.3f -> %.3f, counted fp16 %.3f -> %.3f (%lld bytes "
-                 "sent per rank), clipped %.3f -> %.3f, PowerSGD %.3f -> %.3f; parameters %s",
+                 "per rank handed to all_reduce), clipped %.3f -> %.3f, PowerSGD %.3f -> %.3f; parameters %s",
                  builtin.first, builtin.second, fp16.first, fp16.second,
                  static_cast<long long>(wire->bytes), clipped.first, clipped.second,
                  powersgd.first, powersgd.second,

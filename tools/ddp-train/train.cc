@@ -143,6 +143,12 @@ void maybe_resume(Run& r) {
   r.skip_batches = it == ckpt->metadata.end() ? 0 : std::stoll(it->second);
   print0(fmt::format("ddp-train: resumed from {} (epoch {}, step {}, {} batches into the epoch)",
                      ckpt->path, r.start_epoch, r.step, r.skip_batches));
+  if (r.config.comm_hook.rfind("powersgd-", 0) == 0 && r.step > 0) {
+    print0("ddp-train: warning: --comm-hook " + r.config.comm_hook +
+           ": PowerSGD's state (error feedback, warm-start P and Q, its step count) is not in "
+           "the checkpoint and starts afresh, so this run will not end with exactly the "
+           "parameters of an uninterrupted one");
+  }
 }
 
 // Exact accuracy over the first test_size test images: each rank evaluates
