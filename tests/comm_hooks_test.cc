@@ -128,14 +128,6 @@ NamedState compressed_average(int world, at::ScalarType wire) {
   return avg;
 }
 
-double max_diff(const NamedState& a, const NamedState& b) {
-  double d = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d = std::max(d, (a[i].second - b[i].second).abs().max().item<double>());
-  }
-  return d;
-}
-
 TEST(CommHooks, AllreduceHookEqualsTheBuiltInAllReduce) {
   TrainRun plain;
   TrainRun hooked;

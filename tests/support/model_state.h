@@ -48,4 +48,13 @@ inline void expect_same_state(const NamedState& a, const NamedState& b, const st
   }
 }
 
+// The largest absolute difference between two states of one model.
+inline double max_diff(const NamedState& a, const NamedState& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, (a[i].second - b[i].second).abs().max().item<double>());
+  }
+  return d;
+}
+
 }  // namespace ddp::testing
