@@ -35,3 +35,4 @@
 #include "ddp/metrics.h"
 #include "ddp/powersgd.h"
 #include "ddp/process_group.h"
+#include "ddp/sync_batchnorm.h"

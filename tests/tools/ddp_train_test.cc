@@ -87,6 +87,27 @@ TEST_F(DdpTrain, ResumeInsideAnEpochEndsLikeAnUninterruptedRun) {
   }
 }
 
+// --sync-bn: ddp::SyncBatchNorm layers under the same names (a checkpoint
+// holds bn1/bn2's buffers, updated once per step); it learns and the
+// replicas stay identical.
+TEST_F(DdpTrain, SyncBatchNormTrains) {
+  ProcessResult r = train(dir_ + "/s", {"--no-plot", "--sync-bn", "--epochs", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(lines_with(r.out, ", SyncBatchNorm").size(), 1u) << r.out;
+  EXPECT_EQ(lines_with(r.out, "parameters identical on all 2 ranks").size(), 1u) << r.out;
+  auto recs = records(dir_ + "/s");
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_GT(recs[0]["test_accuracy"].get<double>(), 0.60);
+  Checkpoint c = load_checkpoint(*latest_checkpoint_path(dir_ + "/s/checkpoints"));
+  bool found = false;
+  for (const auto& t : c.model) {
+    if (t.key() != "bn1.num_batches_tracked") continue;
+    found = true;
+    EXPECT_EQ(t.value().item<int64_t>(), 30);
+  }
+  EXPECT_TRUE(found);
+}
+
 // Every numeric flag has a range and a one-line error naming the flag;
 // "all" is spelled out.
 TEST_F(DdpTrain, BadFlagValuesNameTheFlagAndTheRange) {

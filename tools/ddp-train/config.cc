@@ -117,6 +117,9 @@ TrainConfig parse_args(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "allreduce", "fp16", "bf16", "powersgd-1", "powersgd-2",
                              "powersgd-4"}));
   app.add_flag("--static-graph", c.static_graph, "DistributedDataParallel's static_graph");
+  app.add_flag("--sync-bn", c.sync_bn,
+               "SyncBatchNorm: BatchNorm statistics over every rank's batch, as one process "
+               "with the global batch would compute them");
   app.add_option("--log-every", c.log_every, "Steps between progress lines when not a terminal")
       ->check(integer_at_least(1));
   app.add_option("--timeout", c.timeout_s, "Seconds any collective may wait")
@@ -147,11 +150,11 @@ std::string describe(const TrainConfig& c, int world_size) {
   return fmt::format(
       "ddp-train: world_size {}, batch {} per process ({} global), {} lr {}{} ({} schedule), "
       "{} epochs, "
-      "seed {}, backend {}, device {}, {} loader thread(s)",
+      "seed {}, backend {}, device {}, {} loader thread(s){}",
       world_size, c.batch_size, c.batch_size * world_size, c.optimizer,
       c.scale_lr ? c.lr * world_size : c.lr, c.scale_lr ? " (scaled)" : "", c.schedule, c.epochs,
       c.seed,
-      c.backend, c.device, c.workers);
+      c.backend, c.device, c.workers, c.sync_bn ? ", SyncBatchNorm" : "");
 }
 
 }  // namespace ddp::train

@@ -32,6 +32,7 @@ struct TrainConfig {
   // --comm-hook: none, allreduce, fp16, bf16, powersgd-1, powersgd-2, powersgd-4
   std::string comm_hook = "none";
   bool static_graph = false;
+  bool sync_bn = false;        // ddp::SyncBatchNorm instead of BatchNorm2d
   int log_every = 50;          // steps between progress lines (not a tty)
   double timeout_s = 600;      // bound on every collective
   int threads = 0;             // torch intra-op threads; 0: OMP_NUM_THREADS or 1

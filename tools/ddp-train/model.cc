@@ -2,15 +2,28 @@
 
 #include <ATen/ops/max_pool2d.h>
 #include <ATen/ops/relu.h>
+#include <torch/nn/modules/batchnorm.h>
+
+#include "ddp/sync_batchnorm.h"
 
 namespace ddp::train {
 
-FashionCnnImpl::FashionCnnImpl() {
+namespace {
+
+torch::nn::AnyModule batch_norm(torch::nn::Module& parent, const std::string& name,
+                                int64_t channels, bool sync) {
+  if (sync) return torch::nn::AnyModule(parent.register_module(name, SyncBatchNorm(channels)));
+  return torch::nn::AnyModule(parent.register_module(name, torch::nn::BatchNorm2d(channels)));
+}
+
+}  // namespace
+
+FashionCnnImpl::FashionCnnImpl(bool sync_bn) {
   namespace nn = torch::nn;
   conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)));
-  bn1 = register_module("bn1", nn::BatchNorm2d(32));
+  bn1 = batch_norm(*this, "bn1", 32, sync_bn);
   conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
-  bn2 = register_module("bn2", nn::BatchNorm2d(64));
+  bn2 = batch_norm(*this, "bn2", 64, sync_bn);
   drop1 = register_module("drop1", nn::Dropout(0.25));
   fc1 = register_module("fc1", nn::Linear(64 * 7 * 7, 128));
   drop2 = register_module("drop2", nn::Dropout(0.5));
@@ -18,8 +31,8 @@ FashionCnnImpl::FashionCnnImpl() {
 }
 
 at::Tensor FashionCnnImpl::forward(at::Tensor x) {
-  x = at::max_pool2d(at::relu(bn1(conv1(x))), {2, 2});  // 32 x 14 x 14
-  x = at::max_pool2d(at::relu(bn2(conv2(x))), {2, 2});  // 64 x 7 x 7
+  x = at::max_pool2d(at::relu(bn1.forward(conv1(x))), {2, 2});  // 32 x 14 x 14
+  x = at::max_pool2d(at::relu(bn2.forward(conv2(x))), {2, 2});  // 64 x 7 x 7
   x = drop1(x).flatten(1);
   x = drop2(at::relu(fc1(x)));
   return fc2(x);

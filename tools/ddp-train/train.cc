@@ -94,7 +94,7 @@ void set_up(Run& r) {
   r.train_size = limit(r.train_set->size(), c.train_samples);
   r.test_size = limit(r.test_set->size(), c.test_samples);
   torch::manual_seed(c.seed);  // the same initial weights everywhere
-  r.net = FashionCnn();
+  r.net = FashionCnn(c.sync_bn);
   r.net->to(r.device);
   DistributedDataParallelOptions o;
   o.find_unused_parameters = c.find_unused_parameters;
