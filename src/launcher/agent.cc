@@ -15,11 +15,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-Clock::time_point after(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(seconds));
-}
-
 // Sleeps up to `ms` while watching for stop signals.
 void wait_or_interrupt(SignalWatch& signals, int extra_fd, int ms) {
   pollfd fds[2] = {{signals.fd(), POLLIN, 0}, {extra_fd, POLLIN, 0}};

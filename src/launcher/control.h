@@ -15,6 +15,7 @@
 // Thread safety: the launcher's main thread only.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -32,6 +33,15 @@ namespace ddp::launcher {
 struct Interrupted {
   int signal;
 };
+
+// The steady-clock time `seconds` from now: the rendezvous' limits
+// (join_timeout, grace_period) are seconds as doubles, and the steady clock
+// does not jump when the wall clock is set.
+inline std::chrono::steady_clock::time_point after(double seconds) {
+  using Clock = std::chrono::steady_clock;
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(seconds));
+}
 
 // What the job learned from one attempt, on the coordinator.
 struct AttemptOutcome {

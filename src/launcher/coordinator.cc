@@ -18,11 +18,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-Clock::time_point after(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(seconds));
-}
-
 const char* outcome_name(GroupOutcome o) {
   switch (o) {
     case GroupOutcome::kSucceeded: return "succeeded";

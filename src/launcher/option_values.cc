@@ -6,22 +6,12 @@
 
 #include <cerrno>
 #include <cstdlib>
-#include <optional>
 #include <vector>
 
 #include "ddp/error.h"
 
 namespace ddp::launcher {
 namespace {
-
-std::optional<long> parse_long(const std::string& s) {
-  if (s.empty()) return std::nullopt;
-  errno = 0;
-  char* end = nullptr;
-  long v = std::strtol(s.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0') return std::nullopt;
-  return v;
-}
 
 int count_gpus() {
   if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
@@ -36,6 +26,24 @@ int count_gpus() {
 }
 
 }  // namespace
+
+std::optional<long> parse_long(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  long v = std::strtol(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_double(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (errno != 0 || *end != '\0') return std::nullopt;
+  return v;
+}
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> parts;

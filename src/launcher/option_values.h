@@ -1,10 +1,12 @@
-// The values of ddprun's flags that need more than a number: torchrun's
-// stream selections (-r/-t), local rank lists, and --nproc-per-node names.
+// The values of ddprun's flags that CLI11 does not convert itself: the
+// numbers inside flag text, torchrun's stream selections (-r/-t), local rank
+// lists, and --nproc-per-node names.
 //
 // Thread safety: plain functions over values.
 #pragma once
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -25,6 +27,16 @@ struct StdSpec {
   int for_rank(int local_rank) const;  // the StdStreams of one local rank
   bool any() const;                    // whether any rank gets any stream
 };
+
+// The whole of `text` as a base-10 integer (strtol's form: leading blanks
+// and a sign allowed), or nullopt when it is empty, has anything after the
+// number, or is out of long's range. Callers word their own messages: each
+// names its flag and what it expects.
+std::optional<long> parse_long(const std::string& text);
+
+// The whole of `text` as a number (strtod's forms: 1.5, 30, 1e3), or nullopt
+// when it is empty, has anything after the number, or is out of range.
+std::optional<double> parse_double(const std::string& text);
 
 // Splits `s` at every `sep`, keeping empty fields ("a,,b" -> a, "", b;
 // "" -> one empty field), so that callers can name an empty item.

@@ -4,8 +4,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <cerrno>
-#include <cstdlib>
 #include <ostream>
 
 #include "ddp/error.h"
@@ -14,25 +12,6 @@
 
 namespace ddp::launcher {
 namespace {
-
-std::optional<long> parse_long(const std::string& s) {
-  if (s.empty()) return std::nullopt;
-  errno = 0;
-  char* end = nullptr;
-  long v = std::strtol(s.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0') return std::nullopt;
-  return v;
-}
-
-std::optional<double> parse_double(const std::string& s) {
-  if (s.empty()) return std::nullopt;
-  errno = 0;
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  if (errno != 0 || *end != '\0') return std::nullopt;
-  return v;
-}
-
 
 // The flags' raw text, checked and converted by finish_options().
 struct RawFlags {

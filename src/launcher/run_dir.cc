@@ -15,6 +15,7 @@
 #include "ddp/error.h"
 #include "launcher/group_support.h"
 #include "launcher/relay.h"
+#include "proc_stat.h"
 
 namespace ddp::launcher {
 namespace {
@@ -33,21 +34,7 @@ void remove_tree(const std::string& path) {
 // The start time of `pid` in clock ticks since boot (/proc/PID/stat, field
 // 22), or "" when there is no such process. With the pid it identifies a
 // process even after the pid is reused.
-std::string start_time(pid_t pid) {
-  std::ifstream in(fmt::format("/proc/{}/stat", pid));
-  std::string stat;
-  if (!std::getline(in, stat)) return "";
-  const auto paren = stat.rfind(')');  // the command may contain spaces
-  if (paren == std::string::npos) return "";
-  std::string rest = stat.substr(paren + 2);  // field 3 onwards
-  size_t pos = 0;
-  for (int field = 3; field < 22 && pos != std::string::npos; ++field) {
-    pos = rest.find(' ', pos);
-    if (pos != std::string::npos) ++pos;
-  }
-  if (pos == std::string::npos) return "";
-  return rest.substr(pos, rest.find(' ', pos) - pos);
-}
+std::string start_time(pid_t pid) { return detail::proc_stat_field(pid, 22); }
 
 bool owner_is_gone(const std::string& dir) {
   std::ifstream in(dir + "/" + kOwnerFile);

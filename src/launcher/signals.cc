@@ -30,8 +30,9 @@ sigset_t watched_set() {
 
 SignalWatch::SignalWatch() {
   sigset_t set = watched_set();
-  if (pthread_sigmask(SIG_BLOCK, &set, &previous_mask_) != 0) {
-    throw Error("ddprun: could not block signals");
+  // pthread_sigmask returns its error number; it does not set errno.
+  if (int e = pthread_sigmask(SIG_BLOCK, &set, &previous_mask_); e != 0) {
+    throw Error(fmt::format("ddprun: could not block signals: {}", std::strerror(e)));
   }
   fd_ = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
   if (fd_ < 0) {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdint>
+#include <cstring>
 
 #include "ddp/error.h"
 #include "launcher/group_support.h"
@@ -205,7 +206,9 @@ void GroupRun::poll_once(int timeout_ms) {
   }
   if (ctl_) ctl_->add_poll_fds(fds);
   int n = ::poll(fds.data(), fds.size(), timeout_ms);
-  if (n < 0 && errno != EINTR) throw Error("ddprun: poll failed");
+  if (n < 0 && errno != EINTR) {
+    throw Error(fmt::format("ddprun: poll failed: {}", std::strerror(errno)));
+  }
   for (std::size_t i = 0; i < streams.size(); ++i) {
     if (fds[i + 1].revents != 0) streams[i]->read_available();
   }

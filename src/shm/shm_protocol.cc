@@ -13,9 +13,10 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <fstream>
+#include <string>
 
 #include "ddp/error.h"
+#include "proc_stat.h"
 #include "shm/shm_state.h"
 
 namespace ddp::shm {
@@ -44,12 +45,9 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 bool alive(pid_t pid) {
   if (pid == ::getpid()) return true;  // ranks as threads of one process
   if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(stat, line);
-  const size_t paren = line.rfind(')');
-  return paren == std::string::npos || paren + 2 >= line.size() ||
-         (line[paren + 2] != 'Z' && line[paren + 2] != 'X');
+  // Unreadable counts as alive: the collective's timeout still bounds the wait.
+  const std::string state = detail::proc_stat_field(pid, 3);
+  return state.empty() || (state[0] != 'Z' && state[0] != 'X');
 }
 
 void signal_phase(ShmGroup::State& s, uint32_t phase) {
