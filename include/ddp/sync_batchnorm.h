@@ -20,10 +20,12 @@
 // as PyTorch).
 //
 // Better than PyTorch's: it runs on CPU tensors (PyTorch's SyncBatchNorm
-// raises "SyncBatchNorm expected input tensor to be on GPU") as well as
-// CUDA ones; ranks may have different batch sizes, including 0 (an empty
-// rank still joins both all_reduces and returns an empty output, so the
-// others do not wait for it); and statistics are combined in float64.
+// raises "SyncBatchNorm expected input tensor to be on GPU"); ranks may
+// have different batch sizes, including 0 (an empty rank still joins both
+// all_reduces and returns an empty output, so the others do not wait for
+// it); and statistics are combined in float64. CUDA tensors take the same
+// code (ATen operations that have CUDA kernels, all_reduce on the group's
+// backend) but have not yet been run on a GPU by the tests.
 //
 // Shapes and dtypes: input N x C x * (at least 2 dimensions: 1d, 2d and 3d
 // batch norm alike), floating point; output: the input's shape and dtype.
