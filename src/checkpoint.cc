@@ -14,6 +14,7 @@
 #include "checkpoint_format.h"
 #include "ddp/collectives.h"
 #include "ddp/error.h"
+#include "ddp/zero_redundancy_optimizer.h"
 #include "torch_save.h"
 
 namespace ddp {
@@ -225,6 +226,11 @@ std::string save_checkpoint(const std::string& dir,
   check_epoch_step(epoch, step);
   const ProcessGroupPtr group = resolve_group(options.group);
   const int rank = group ? group->rank() : 0;
+  // A sharded optimizer's full state is gathered on the writing rank first
+  // (a collective of its group: every rank is here).
+  if (auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(optimizer)) {
+    zero->consolidate_state_dict(0);
+  }
   CollectiveOptions co;
   co.group = group;
   detail::ByteWriter mine;

@@ -15,6 +15,7 @@
 #include "checkpoint_format.h"
 #include "compat/autograd_compat.h"
 #include "ddp/error.h"
+#include "ddp/zero_redundancy_optimizer.h"
 
 namespace ddp {
 namespace detail {
@@ -198,6 +199,10 @@ compat::OptimizerStateKey key_of(const at::Tensor& p) {
 }  // namespace
 
 OptimizerSnapshot capture_optimizer(const optim::Optimizer& optimizer) {
+  // Sharded: the consolidated state of the equivalent unsharded optimizer.
+  if (auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(&optimizer)) {
+    return *zero->state_dict();
+  }
   OptimizerSnapshot s;
   const Codec* c = codec_for(optimizer);
   if (c == nullptr) {
@@ -269,6 +274,9 @@ void restore_archive(const OptimizerSnapshot& s, optim::Optimizer& optimizer,
 
 void restore_optimizer(const OptimizerSnapshot& s, optim::Optimizer& optimizer,
                        const std::string& source) {
+  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) {
+    return zero->load_state_dict(s, "checkpoint '" + source + "'");
+  }
   const Codec* c = codec_for(optimizer);
   const std::string type = c ? c->name : archive_type(optimizer);
   const std::string where = "checkpoint '" + source + "'";

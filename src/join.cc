@@ -8,7 +8,10 @@
 // buffer broadcast (an all_reduce MAX to agree on the source, then the
 // broadcast) and the gradient buckets' all_reduces. A finished rank loops in
 // shadow_iteration() issuing the same sequence with zeros until the count
-// is 0, which every rank sees in the same iteration.
+// is 0, which every rank sees in the same iteration. After each shadow
+// iteration the join's other participants (JoinHook: a
+// ZeroRedundancyOptimizer's step) shadow theirs, in the order given, as the
+// training ranks issue them after their backward.
 #include <ATen/ops/full.h>
 #include <fmt/format.h>
 
@@ -18,7 +21,8 @@
 
 namespace ddp::detail {
 
-void join(DdpCore& core, const std::function<void()>& loop, const JoinOptions& options) {
+void join(DdpCore& core, const std::function<void()>& loop, const JoinOptions& options,
+          const std::vector<JoinHook*>& hooks) {
   if (!options.enable) {
     loop();
     return;
@@ -27,7 +31,10 @@ void join(DdpCore& core, const std::function<void()>& loop, const JoinOptions& o
   try {
     loop();
     bool last_to_finish = true;
-    while (core.shadow_iteration()) last_to_finish = false;
+    while (core.shadow_iteration()) {
+      last_to_finish = false;
+      for (JoinHook* h : hooks) h->main_hook();
+    }
     core.sync_final_model(last_to_finish);
   } catch (...) {
     core.end_join();

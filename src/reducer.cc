@@ -336,8 +336,12 @@ void Reducer::shadow_backward() {
     buckets_[k].flat.zero_();
     start_comm(k);
   }
-  comm_->wait(bucket_io());
-  fence_shared_buckets();
+  // The reduced gradients land in this rank's .grad() too, as PyTorch's
+  // joined rank installs them: a JoinHook stepping an optimizer (ZeRO's
+  // shard) needs them. Nothing of this rank's own is restored.
+  for (Param& p : params_) p.saved_grad = at::Tensor();
+  std::vector<float> counts(params_.size(), 0.0f);
+  wait_and_write_back(counts);
   ++iterations_;
 }
 

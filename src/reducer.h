@@ -131,7 +131,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // world size for both.
   void set_iteration_users(int users, int divisor);
   // A finished rank's part of one iteration of the ranks still training:
-  // all-reduces zeros (gradients and used flags) in every bucket, in order.
+  // all-reduces zeros (gradients and used flags) in every bucket, in order,
+  // and writes the result (the others' averaged gradients) into .grad() of
+  // every parameter some rank produced.
   void shadow_backward();
 
  private:

@@ -36,3 +36,4 @@
 #include "ddp/powersgd.h"
 #include "ddp/process_group.h"
 #include "ddp/sync_batchnorm.h"
+#include "ddp/zero_redundancy_optimizer.h"

@@ -36,6 +36,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "ddp/distributed_data_parallel.h"
 
@@ -49,14 +50,39 @@ struct JoinOptions {
   bool divide_by_initial_world_size = true;
 };
 
+// Another participant of a join (PyTorch's Joinable besides DDP): something
+// whose collectives, issued once per iteration by the ranks still training,
+// a finished rank must shadow. ZeroRedundancyOptimizer is one: its step()
+// broadcasts every rank's shard.
+class JoinHook {
+ public:
+  virtual ~JoinHook() = default;
+  // On a finished rank, once per synchronised iteration of the ranks still
+  // training, after DistributedDataParallel's shadow of that iteration's
+  // forward and backward (the rank's .grad() then holds the iteration's
+  // averaged gradients, as the training ranks' do). It must issue the
+  // collectives that each training rank issues once per such iteration
+  // (for an optimizer: one step() per synchronised backward).
+  virtual void main_hook() = 0;
+};
+
 namespace detail {
-void join(DdpCore& core, const std::function<void()>& loop, const JoinOptions& options);
+void join(DdpCore& core, const std::function<void()>& loop, const JoinOptions& options,
+          const std::vector<JoinHook*>& hooks = {});
 }
 
 template <typename ModuleType>
 void join(DistributedDataParallel<ModuleType>& model, const std::function<void()>& loop,
           const JoinOptions& options = {}) {
   detail::join(model.core(), loop, options);
+}
+
+// As above, with other participants shadowed after the model, in order:
+//   ddp::join(model, {&zero_optimizer}, [&] { ... opt.step(); ... });
+template <typename ModuleType>
+void join(DistributedDataParallel<ModuleType>& model, const std::vector<JoinHook*>& hooks,
+          const std::function<void()>& loop, const JoinOptions& options = {}) {
+  detail::join(model.core(), loop, options, hooks);
 }
 
 }  // namespace ddp
