@@ -7,6 +7,7 @@
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 #include <torch/version.h>
 
@@ -23,6 +24,7 @@
 #include "ddp/powersgd.h"
 #include "ddp/error.h"
 #include "ddp/process_group.h"
+#include "ddp/zero_redundancy_optimizer.h"
 #include "model.h"  // tools/ddp-train: FashionCnn
 #include "models.h"
 #include "weights.h"
@@ -178,6 +180,23 @@ double eval_loss(M& model, const Batches& batches) {
   return loss;
 }
 
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const RunConfig& c,
+                                                       std::vector<at::Tensor> params) {
+  auto sgd = torch::optim::SGDOptions(c.lr).momentum(c.momentum);
+  auto adam = torch::optim::AdamOptions(c.lr);
+  if (c.zero && c.optimizer == "adam") return std::make_unique<ZeroRedundancyOptimizer>(params, adam);
+  if (c.zero) return std::make_unique<ZeroRedundancyOptimizer>(params, sgd);
+  if (c.optimizer == "adam") return std::make_unique<torch::optim::Adam>(params, adam);
+  return std::make_unique<torch::optim::SGD>(params, sgd);
+}
+
+// Peak resident memory of this process so far, KiB.
+int64_t max_rss_kib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
 template <typename M>
 json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, int world) {
   if (!c.weights.empty()) load_weights(*model, c.weights);
@@ -186,17 +205,21 @@ json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, in
   for (auto& b : batches) b = {b.first.to(bench_device(c)), b.second.to(bench_device(c))};
   json out{{"eval_loss0", eval_loss(model, batches)}};
   at::manual_seed(c.seed * 1000 + 500 + rank);  // dropout
-  auto sgd = torch::optim::SGDOptions(c.lr).momentum(c.momentum);
   LoopResult r;
   if (c.side == "plain") {
-    torch::optim::SGD opt(model->parameters(), sgd);
-    r = train_loop(model, opt, batches, c, /*distributed=*/world > 1);
+    auto opt = make_optimizer(c, model->parameters());
+    r = train_loop(model, *opt, batches, c, /*distributed=*/world > 1);
+    out["optimizer_state_bytes"] = {optimizer_state_bytes(*opt)};
+    out["max_rss_kib"] = {max_rss_kib()};
   } else {
     DistributedDataParallel<M> net(model, ddp_options(c, false));
     auto powersgd = register_hook(net, c);
-    torch::optim::SGD opt(net.parameters(), sgd);
-    r = train_loop(net, opt, batches, c, /*distributed=*/true);
+    auto opt = make_optimizer(c, net.parameters());
+    r = train_loop(net, *opt, batches, c, /*distributed=*/true);
     out["ddp_stats"] = stats_json(net.stats());
+    // Per rank (collectives: every rank is here).
+    out["optimizer_state_bytes"] = all_gather_value(optimizer_state_bytes(*opt));
+    out["max_rss_kib"] = all_gather_value(max_rss_kib());
     if (powersgd) {
       auto cs = powersgd->compression_stats();
       int64_t compressed = std::max<int64_t>(
@@ -263,6 +286,9 @@ void check_config(const RunConfig& c) {
   if (c.mode == "sync" && c.side != "ddp") {
     throw InvalidArgument("--mode sync measures DDP: use it with --side ddp");
   }
+  if (c.zero && c.side != "ddp") {
+    throw InvalidArgument("--zero shards the optimizer across DDP's ranks: use it with --side ddp");
+  }
   if (c.device != "cpu" && c.device != "cuda") {
     throw InvalidArgument(fmt::format("--device '{}' is unknown: use cpu or cuda", c.device));
   }
@@ -320,6 +346,8 @@ json run_benchmark(const RunConfig& c) {
   out["find_unused_parameters"] = c.find_unused_parameters;
   out["static_graph"] = c.static_graph;
   out["bucket_cap_mb"] = c.bucket_cap_mb;
+  out["optimizer"] = c.optimizer;
+  out["zero"] = c.zero;
   out["torch_version"] = TORCH_VERSION;
   return out;
 }

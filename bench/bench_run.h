@@ -36,6 +36,8 @@ struct RunConfig {
   int pool = 4;                    // distinct synthetic batches, cycled
   std::string weights;             // prefix of weights.h files; empty: seeded init
   double lr = 0.01, momentum = 0.9;
+  std::string optimizer = "sgd";   // sgd (with momentum) | adam
+  bool zero = false;               // ZeroRedundancyOptimizer around it (ddp side)
   int threads = 1;                 // torch intra-op threads
   // "cpu", or "cuda": each rank uses cuda:LOCAL_RANK (the GPU script,
   // bench/gpu/run.sh); CUDA work is synchronised at the end of every step.

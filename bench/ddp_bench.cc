@@ -34,6 +34,10 @@ void add_flags(CLI::App& app, ddp::bench::RunConfig& c) {
   app.add_option("--weights", c.weights, "Load initial weights from PREFIX.json/.bin");
   app.add_option("--lr", c.lr, "SGD learning rate")->capture_default_str();
   app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--optimizer", c.optimizer, "sgd (with --momentum) or adam (--lr)")
+      ->check(CLI::IsMember({"sgd", "adam"}))
+      ->capture_default_str();
+  app.add_flag("--zero", c.zero, "Shard the optimizer state: ddp::ZeroRedundancyOptimizer");
   app.add_option("--threads", c.threads, "Torch intra-op threads")->capture_default_str();
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb, "DDP bucket_cap_mb")->capture_default_str();
   app.add_option("--first-bucket-cap-mb", c.first_bucket_cap_mb, "DDP first bucket, MiB")

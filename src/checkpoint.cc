@@ -229,6 +229,12 @@ std::string save_checkpoint(const std::string& dir,
   // A sharded optimizer's full state is gathered on the writing rank first
   // (a collective of its group: every rank is here).
   if (auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(optimizer)) {
+    if (zero->group() != group) {  // the same on every rank: no one waits
+      throw InvalidArgument(
+          "save_checkpoint: the ZeroRedundancyOptimizer runs on another process group than "
+          "the checkpoint (CheckpointOptions::group); its state is gathered on the writing "
+          "rank, so give both the same group");
+    }
     zero->consolidate_state_dict(0);
   }
   CollectiveOptions co;

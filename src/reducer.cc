@@ -336,12 +336,13 @@ void Reducer::shadow_backward() {
     buckets_[k].flat.zero_();
     start_comm(k);
   }
-  // The reduced gradients land in this rank's .grad() too, as PyTorch's
-  // joined rank installs them: a JoinHook stepping an optimizer (ZeRO's
-  // shard) needs them. Nothing of this rank's own is restored.
-  for (Param& p : params_) p.saved_grad = at::Tensor();
+  // The reduced gradients land in this rank's .grad() too (PyTorch's
+  // joined rank discards them): a JoinHook stepping an optimizer (ZeRO's
+  // shard) needs them, exactly as the training ranks see them. A parameter
+  // no rank produced gets what the training ranks' zero_grad() left (no
+  // gradient; zeros on libtorch 1.13), not this rank's stale one.
   std::vector<float> counts(params_.size(), 0.0f);
-  wait_and_write_back(counts);
+  wait_and_write_back(counts, /*shadow=*/true);
   ++iterations_;
 }
 
@@ -395,7 +396,7 @@ void Reducer::finalize_backward() {
   check_unused(counts);
 }
 
-void Reducer::wait_and_write_back(std::vector<float>& counts) {
+void Reducer::wait_and_write_back(std::vector<float>& counts, bool shadow) {
   at::NoGradGuard no_grad;
   if (local_only()) {  // nothing was copied or sent: .grad() is the result
     for (const Bucket& b : buckets_) {
@@ -413,7 +414,11 @@ void Reducer::wait_and_write_back(std::vector<float>& counts) {
       counts[b.params[s]] = f[s];
       at::Tensor& grad = p.tensor.mutable_grad();
       if (f[s] == 0.0f) {  // no rank produced it: leave .grad() as it was
-        if (p.saved_grad.defined()) grad = p.saved_grad;
+        if (shadow) {  // as the training ranks' after their zero_grad()
+          compat::clear_grad_as_zero_grad(grad);
+        } else if (p.saved_grad.defined()) {
+          grad = p.saved_grad;
+        }
         continue;
       }
       if (options_.gradient_as_bucket_view) {

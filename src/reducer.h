@@ -133,7 +133,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // A finished rank's part of one iteration of the ranks still training:
   // all-reduces zeros (gradients and used flags) in every bucket, in order,
   // and writes the result (the others' averaged gradients) into .grad() of
-  // every parameter some rank produced.
+  // every parameter some rank produced; the others' .grad() is cleared as
+  // the default zero_grad() would.
   void shadow_backward();
 
  private:
@@ -165,7 +166,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void finalize_backward();
   // Queues finalize_backward() on the running graph task, once per backward.
   void queue_finalize();
-  void wait_and_write_back(std::vector<float>& counts);
+  // Waits for every bucket and writes the results into .grad(); counts[i]:
+  // how many ranks produced parameter i. shadow: a finished rank's (join),
+  // whose parameters no rank produced are cleared as by zero_grad().
+  void wait_and_write_back(std::vector<float>& counts, bool shadow = false);
   void check_unused(const std::vector<float>& counts);
   bool produced_here(size_t index) const;
   // World size 1 with the plain average (no join divisor): the all_reduce

@@ -76,23 +76,22 @@ Shape shape_of(const std::vector<optim::OptimizerParamGroup>& groups) {
   return s;
 }
 
-void check_params(const std::vector<optim::OptimizerParamGroup>& groups) {
+// "" when the parameters are usable, else what is wrong with them.
+std::string param_problem(const std::vector<optim::OptimizerParamGroup>& groups) {
   std::unordered_set<const void*> seen;
   int64_t count = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     for (size_t i = 0; i < groups[g].params().size(); ++i) {
       ++count;
       if (!seen.insert(groups[g].params()[i].unsafeGetTensorImpl()).second) {
-        throw InvalidArgument(fmt::format(
-            "ZeroRedundancyOptimizer: parameter {} of group {} is listed twice (a tied weight?): "
-            "pass each tensor once, as model.parameters() of a DistributedDataParallel does",
-            i, g));
+        return fmt::format(
+            "parameter {} of group {} is listed twice (a tied weight?): pass each tensor once, "
+            "as model.parameters() of a DistributedDataParallel does",
+            i, g);
       }
     }
   }
-  if (count == 0) {
-    throw InvalidArgument("ZeroRedundancyOptimizer: no parameters to optimize");
-  }
+  return count == 0 ? "no parameters to optimize" : "";
 }
 
 CollectiveOptions on(const ProcessGroupPtr& group) { return {group, std::nullopt}; }
@@ -103,9 +102,10 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
     std::vector<optim::OptimizerParamGroup> groups, std::unique_ptr<optim::OptimizerOptions> defaults,
     Factory factory, ZeroRedundancyOptimizerOptions options)
     : Optimizer(std::move(groups), std::move(defaults)),
+      factory_(std::move(factory)),
       group_(options.group ? options.group : (is_initialized() ? default_group() : nullptr)) {
-  check_params(param_groups());
   const int world = group_ ? group_->size() : 1;
+  check_params_on_every_rank();
   if (world > 1) {
     const Shape mine = shape_of(param_groups());
     const auto all = all_gather_value(mine, on(group_));
@@ -134,7 +134,36 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
     }
     local.emplace_back(std::move(mine), param_groups()[g].options().clone());
   }
-  local_ = factory(std::move(local));
+  local_ = factory_(std::move(local));
+}
+
+// Every rank learns every rank's problem before anyone throws: one rank's
+// bad list must not leave the others waiting in the next collective.
+void ZeroRedundancyOptimizer::check_params_on_every_rank() const {
+  std::string problem = param_problem(param_groups());
+  std::vector<std::string> all{problem};
+  if (group_ && group_->size() > 1) all = all_gather_string(problem, on(group_));
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty()) continue;
+    const bool mine = group_ == nullptr || static_cast<int>(r) == group_->rank();
+    throw InvalidArgument("ZeroRedundancyOptimizer: " +
+                          (mine ? all[r] : fmt::format("on rank {}: {}", r, all[r])));
+  }
+}
+
+// add_param_group() (not virtual in libtorch) adds to param_groups() only:
+// refuse to step or save a partition that no longer covers them.
+void ZeroRedundancyOptimizer::check_partition_current() const {
+  bool same = param_groups().size() == owner_.size();
+  for (size_t g = 0; same && g < owner_.size(); ++g) {
+    same = param_groups()[g].params().size() == owner_[g].size();
+  }
+  if (!same) {
+    throw InvalidArgument(
+        "ZeroRedundancyOptimizer: parameters were added after construction "
+        "(add_param_group), which the partition does not cover; construct the optimizer with "
+        "every parameter group instead");
+  }
 }
 
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
@@ -147,9 +176,13 @@ void ZeroRedundancyOptimizer::sync_options_to_local() const {
 }
 
 at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
+  check_partition_current();
   sync_options_to_local();
   at::Tensor loss = local_->step(std::move(closure));
-  ++steps_;
+  if (consolidated_) {  // stale now: do not hold a full state for nothing
+    consolidated_.reset();
+    dropped_by_step_ = true;
+  }
   broadcast_shards();
   return loss;
 }
@@ -164,9 +197,16 @@ void ZeroRedundancyOptimizer::broadcast_shards() {
   }
 }
 
-int64_t ZeroRedundancyOptimizer::state_bytes() const {
+int64_t ZeroRedundancyOptimizer::state_bytes() const { return optimizer_state_bytes(*local_); }
+
+int64_t optimizer_state_bytes(const optim::Optimizer& optimizer) {
+  if (auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(&optimizer)) {
+    return zero->state_bytes();
+  }
+  const detail::OptimizerSnapshot s = detail::capture_optimizer(optimizer);
+  if (s.type.rfind("archive:", 0) == 0) return -1;
   int64_t bytes = 0;
-  for (const auto& g : detail::capture_optimizer(*local_).groups) {
+  for (const auto& g : s.groups) {
     for (const auto& st : g.state) {
       if (!st) continue;
       for (const auto& f : *st) {

@@ -58,6 +58,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) const {
         "ZeroRedundancyOptimizer::consolidate_state_dict: to = {} is not a rank of the group "
         "(size {})", to, world));
   }
+  check_partition_current();
   sync_options_to_local();
   OptimizerSnapshot local = detail::capture_optimizer(*local_);
   if (local.type.rfind("archive:", 0) == 0) {
@@ -73,6 +74,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) const {
     shards = gather_bytes(to_bytes(local), to, group_);
   }
   consolidated_.reset();
+  dropped_by_step_ = false;
   if (rank != to) return;
   auto full = std::make_shared<OptimizerSnapshot>();
   full->type = local.type;
@@ -93,22 +95,21 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) const {
     }
   }
   consolidated_ = std::move(full);
-  consolidated_at_step_ = steps_;
 }
 
 std::shared_ptr<const OptimizerSnapshot> ZeroRedundancyOptimizer::state_dict() const {
   const int rank = group_ ? group_->rank() : 0;
+  if (!consolidated_ && dropped_by_step_) {
+    throw InvalidArgument(
+        "ZeroRedundancyOptimizer::state_dict: step() ran after consolidate_state_dict(), so "
+        "the consolidated state was stale and has been dropped; call "
+        "consolidate_state_dict() on every rank again");
+  }
   if (!consolidated_) {
     throw InvalidArgument(fmt::format(
         "ZeroRedundancyOptimizer::state_dict: rank {} holds no consolidated state; call "
         "consolidate_state_dict({}) on every rank first",
         rank, rank));
-  }
-  if (consolidated_at_step_ != steps_) {
-    throw InvalidArgument(fmt::format(
-        "ZeroRedundancyOptimizer::state_dict: the consolidated state is from step {}, but "
-        "step() ran {} more time(s) since; call consolidate_state_dict() on every rank again",
-        consolidated_at_step_, steps_ - consolidated_at_step_));
   }
   return consolidated_;
 }
@@ -124,6 +125,11 @@ void ZeroRedundancyOptimizer::load_state_dict(const OptimizerSnapshot& state,
     throw InvalidArgument(fmt::format("{} has {} parameter group(s), the optimizer {}", where,
                                       state.groups.size(), owner_.size()));
   }
+  // The whole state against every parameter first (each rank holds them
+  // all), on a scratch optimizer: a state that does not fit fails on every
+  // rank alike, not only on the rank owning the bad entry.
+  check_partition_current();
+  detail::restore_optimizer(state, *factory_(param_groups()), source);
   const int rank = group_ ? group_->rank() : 0;
   OptimizerSnapshot mine;
   mine.type = state.type;

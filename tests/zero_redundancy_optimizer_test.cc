@@ -71,6 +71,7 @@ struct ZeroRun {
   int first_step = 0, steps = 4;
   std::string save_dir;     // save a checkpoint after the steps
   std::string resume_from;  // restore this checkpoint first
+  bool scheduler = false;   // StepLR(step_size 2, gamma 0.5)
 };
 
 // Trains from initial() (or a checkpoint); returns every rank's state.
@@ -87,11 +88,14 @@ std::vector<NamedState> train(const ZeroRun& run) {
       ddp::Checkpoint c = load_checkpoint(run.resume_from, at::kCPU);
       restore_checkpoint(c, *models[r], opt.get());
     }
+    std::unique_ptr<optim::StepLR> lr;
+    if (run.scheduler) lr = std::make_unique<optim::StepLR>(*opt, 2, 0.5);
     for (int s = run.first_step; s < run.first_step + run.steps; ++s) {
       auto [x, y] = batch(s, r, run.world);
       opt->zero_grad();
       torch::mse_loss(model(x), y).backward();
       opt->step();
+      if (lr) lr->step();
     }
     if (!run.save_dir.empty()) save_checkpoint(run.save_dir, *models[r], opt.get(), 1, run.steps);
     states[r] = state_of(models[r]);
@@ -135,10 +139,53 @@ TEST(ZeroRedundancyOptimizer, EqualsTheUnshardedOptimizer) {
       auto zero = train({kind, world, true});
       auto plain = train({kind, world, false});
       expect_replicas_identical(zero);
-      EXPECT_LE(max_diff(zero[0], plain[0]), 1e-6);
+      EXPECT_EQ(max_diff(zero[0], plain[0]), 0.0);  // element-wise: bit for bit
       EXPECT_GT(max_diff(zero[0], state_of(initial())), 1e-3);  // it trained
     }
   }
+}
+
+// A scheduler changes param_groups()' lr; each step hands it to the shard.
+TEST(ZeroRedundancyOptimizer, FollowsAnLrScheduler) {
+  ZeroRun run{Kind::kSgd, 3, true, 0, 6};
+  run.scheduler = true;
+  auto zero = train(run);
+  run.zero = false;
+  auto plain = train(run);
+  EXPECT_EQ(max_diff(zero[0], plain[0]), 0.0);
+  run.scheduler = false;
+  EXPECT_GT(max_diff(train(run)[0], plain[0]), 1e-4);  // the schedule mattered
+}
+
+// Linear(8, 4) has two parameters: on three ranks, rank 2 owns none and
+// still takes part in every broadcast.
+TEST(ZeroRedundancyOptimizer, ARankThatOwnsNothingStillTakesPart) {
+  std::vector<NamedState> got[2];
+  for (int use_zero = 0; use_zero < 2; ++use_zero) {
+    torch::manual_seed(3);
+    torch::nn::Linear init(8, 4);
+    std::vector<torch::nn::Linear> models;
+    for (int r = 0; r < 3; ++r) models.emplace_back(8, 4);
+    for (auto& m : models) copy_state(init, m);
+    got[use_zero].resize(3);
+    run_ranks(3, [&](int r) {
+      DistributedDataParallel<torch::nn::Linear> model(models[r]);
+      auto opt = use_zero ? std::unique_ptr<optim::Optimizer>(make_zero(Kind::kAdam, model.parameters()))
+                          : make_plain(Kind::kAdam, model.parameters());
+      if (use_zero && r == 2) {
+        EXPECT_EQ(static_cast<ZeroRedundancyOptimizer&>(*opt).state_bytes(), 0);
+      }
+      for (int s = 0; s < 3; ++s) {
+        auto [x, y] = batch(s, r, 3);
+        opt->zero_grad();
+        torch::mse_loss(model(x), y).backward();
+        opt->step();
+      }
+      got[use_zero][r] = state_of(models[r]);
+    });
+  }
+  expect_replicas_identical(got[1]);
+  EXPECT_EQ(max_diff(got[1][0], got[0][0]), 0.0);
 }
 
 TEST(ZeroRedundancyOptimizer, EachRankHoldsItsShareOfTheState) {
@@ -228,7 +275,7 @@ TEST(ZeroRedundancyOptimizer, StateDictOnlyWhereConsolidatedAndCurrent) {
                                        "consolidate_state_dict(0) on every rank first"),
             std::string::npos)
       << message_of(errors[0]);
-  EXPECT_NE(message_of(errors[1]).find("step() ran 1 more time(s) since"), std::string::npos)
+  EXPECT_NE(message_of(errors[1]).find("step() ran after consolidate_state_dict()"), std::string::npos)
       << message_of(errors[1]);
 }
 
@@ -265,6 +312,132 @@ TEST(ZeroRedundancyOptimizer, UnevenInputsUnderJoin) {
   }
 }
 
+// With find_unused_parameters, a parameter no training rank uses gets no
+// gradient on the finished rank either (not its own stale one), so its
+// owner does not move it; and with gradient_as_bucket_view.
+TEST(ZeroRedundancyOptimizer, UnevenInputsWithUnusedParametersAndBucketViews) {
+  for (bool bucket_view : {false, true}) {
+    std::vector<NamedState> got[2];
+    for (int use_zero = 0; use_zero < 2; ++use_zero) {
+      torch::manual_seed(8);
+      Branchy init;
+      std::vector<Branchy> models(2);
+      for (auto& m : models) copy_state(init, m);
+      got[use_zero].resize(2);
+      run_ranks(2, [&](int r) {
+        DistributedDataParallelOptions o;
+        o.find_unused_parameters = true;
+        o.gradient_as_bucket_view = bucket_view;
+        DistributedDataParallel<Branchy> model(models[r], o);
+        auto opt = use_zero ? std::unique_ptr<optim::Optimizer>(make_zero(Kind::kSgd, model.parameters()))
+                            : make_plain(Kind::kSgd, model.parameters());
+        std::vector<JoinHook*> hooks;
+        if (use_zero) hooks.push_back(static_cast<ZeroRedundancyOptimizer*>(opt.get()));
+        join(model, hooks, [&] {
+          for (int i = 0; i < (r == 1 ? 1 : 4); ++i) {
+            auto [x, y] = batch(i, r, 2);
+            opt->zero_grad();
+            // Rank 1's single step uses aux (rank 1 owns aux.weight);
+            // afterwards nobody does.
+            torch::mse_loss(model(x, r == 1), y).backward();
+            opt->step();
+          }
+        });
+        if (use_zero) {
+          auto& zero = static_cast<ZeroRedundancyOptimizer&>(*opt);
+          EXPECT_EQ(zero.partition()[0][4], 1);  // aux.weight: the finished rank's
+        }
+        got[use_zero][r] = state_of(models[r]);
+      });
+    }
+    expect_replicas_identical(got[1]);
+    EXPECT_LE(max_diff(got[1][0], got[0][0]), 1e-6) << "gradient_as_bucket_view " << bucket_view;
+  }
+}
+
+// Groups with their own options, consolidated on rank 1, written by
+// torch::save there and read by torch::load on every rank into a new
+// optimizer: training goes on exactly as without the round trip.
+TEST(ZeroRedundancyOptimizer, TorchSaveAndLoadRoundTripWithParameterGroups) {
+  const std::string file = (std::filesystem::temp_directory_path() /
+                            ("ddp-zero-" + std::to_string(::getpid()) + ".pt")).string();
+  auto groups_of = [](DistributedDataParallel<Mlp>& model) {
+    auto p = model.parameters();
+    return std::vector<optim::OptimizerParamGroup>{
+        optim::OptimizerParamGroup({p[0], p[1]}, std::make_unique<optim::AdamOptions>(0.02)),
+        optim::OptimizerParamGroup(std::vector<at::Tensor>(p.begin() + 2, p.end()))};
+  };
+  std::vector<NamedState> got[2];
+  for (int round_trip = 0; round_trip < 2; ++round_trip) {
+    Mlp init = initial();
+    std::vector<Mlp> models(2);
+    for (auto& m : models) copy_state(init, m);
+    got[round_trip].resize(2);
+    run_ranks(2, [&](int r) {
+      DistributedDataParallel<Mlp> model(models[r]);
+      auto opt = std::make_unique<ZeroRedundancyOptimizer>(groups_of(model), optim::AdamOptions(0.005));
+      for (int s = 0; s < 4; ++s) {
+        if (s == 2 && round_trip) {
+          opt->consolidate_state_dict(1);
+          if (r == 1) torch::save(*opt, file);
+          barrier();
+          opt = std::make_unique<ZeroRedundancyOptimizer>(groups_of(model), optim::AdamOptions(0.005));
+          torch::load(*opt, file);
+        }
+        auto [x, y] = batch(s, r, 2);
+        opt->zero_grad();
+        torch::mse_loss(model(x), y).backward();
+        opt->step();
+      }
+      got[round_trip][r] = state_of(models[r]);
+    });
+  }
+  std::filesystem::remove(file);
+  expect_replicas_identical(got[1]);
+  EXPECT_EQ(max_diff(got[1][0], got[0][0]), 0.0);
+}
+
+// A state whose entry for one parameter does not fit fails on every rank,
+// not only on that parameter's owner (which would leave the others waiting
+// at the next step).
+TEST(ZeroRedundancyOptimizer, AStateThatDoesNotFitFailsOnEveryRank) {
+  const std::string file = (std::filesystem::temp_directory_path() /
+                            ("ddp-zero-bad-" + std::to_string(::getpid()) + ".pt")).string();
+  auto errors = run_ranks_collect(2, [&](int r) {
+    Mlp net = initial();
+    auto params = net->parameters();
+    ZeroRedundancyOptimizer opt(params, optim::AdamOptions(0.01));
+    for (auto& p : params) p.mutable_grad() = torch::ones_like(p);
+    opt.step();
+    opt.consolidate_state_dict(0);
+    if (r == 0) torch::save(opt, file);
+    barrier();
+    // The same element counts (so the same partition), one shape changed.
+    std::vector<at::Tensor> other;
+    for (auto& p : params) other.push_back(torch::zeros_like(p).requires_grad_());
+    other[0] = torch::zeros({other[0].numel()}, torch::requires_grad());
+    ZeroRedundancyOptimizer wrong(other, optim::AdamOptions(0.01));
+    torch::load(wrong, file);
+  });
+  std::filesystem::remove(file);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(is_a<InvalidArgument>(errors[r])) << message_of(errors[r]);
+    EXPECT_NE(message_of(errors[r]).find("parameter 0"), std::string::npos) << message_of(errors[r]);
+  }
+}
+
+TEST(ZeroRedundancyOptimizer, ParametersAddedAfterConstructionAreRefused) {
+  auto a = torch::zeros({3}, torch::requires_grad());
+  ZeroRedundancyOptimizer opt(std::vector<at::Tensor>{a}, optim::SGDOptions(0.1));
+  opt.add_param_group(optim::OptimizerParamGroup({torch::zeros({2}, torch::requires_grad())}));
+  try {
+    opt.step();
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("parameters were added after construction"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ZeroRedundancyOptimizer, BadParametersAreNamed) {
   auto a = torch::zeros({3}, torch::requires_grad());
   EXPECT_THROW(ZeroRedundancyOptimizer(std::vector<at::Tensor>{}, optim::SGDOptions(0.1)), InvalidArgument);
@@ -274,6 +447,16 @@ TEST(ZeroRedundancyOptimizer, BadParametersAreNamed) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("parameter 1 of group 0 is listed twice"), std::string::npos) << e.what();
   }
+  auto dup = run_ranks_collect(2, [&](int r) {  // one rank's bad list: every rank fails
+    Mlp net = initial();
+    auto params = net->parameters();
+    if (r == 1) params.push_back(params[0]);
+    ZeroRedundancyOptimizer opt(params, optim::SGDOptions(0.1));
+  });
+  EXPECT_NE(message_of(dup[0]).find("on rank 1: parameter 6 of group 0 is listed twice"), std::string::npos)
+      << message_of(dup[0]);
+  EXPECT_NE(message_of(dup[1]).find("ZeroRedundancyOptimizer: parameter 6 of group 0"), std::string::npos)
+      << message_of(dup[1]);
   auto errors = run_ranks_collect(2, [&](int r) {
     Mlp net = initial();
     auto params = net->parameters();

@@ -110,7 +110,9 @@ struct Checkpoint {
 };
 
 // The calling rank's state, copied to CPU (the copies do not alias the
-// model's tensors). `optimizer` may be null. rng holds this rank's state
+// model's tensors). `optimizer` may be null; a ZeroRedundancyOptimizer
+// gives its consolidated full state (InvalidArgument on a rank where none
+// is current: call consolidate_state_dict first). rng holds this rank's state
 // only. Throws InvalidArgument when epoch or step is negative, or when the
 // model has two tensors with the same name after "module." is dropped.
 Checkpoint capture_checkpoint(const torch::nn::Module& model,
@@ -158,7 +160,9 @@ struct CheckpointOptions {
   ProcessGroupPtr group;
 };
 
-// Collective (every rank of the group calls it with its model). Gathers
+// Collective (every rank of the group calls it with its model). A
+// ZeroRedundancyOptimizer (on the same group, else InvalidArgument) first
+// gathers its shards on rank 0 (consolidate_state_dict). Gathers
 // every rank's RNG state to rank 0; rank 0 captures its model and optimizer,
 // creates `dir` if needed, writes the checkpoint atomically (see above) and
 // deletes old ones per keep_last; then rank 0 broadcasts the outcome, so

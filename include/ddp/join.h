@@ -28,6 +28,11 @@
 //     throws (InvalidArgument), so the caller can stop or re-balance.
 //   - with join enabled, buffers are broadcast from the highest rank still
 //     training (rank 0 may have finished).
+//   - a finished rank's .grad() holds, after each shadowed iteration, the
+//     averaged gradients the ranks still training got (for a parameter
+//     none of them produced: what zero_grad() leaves); PyTorch's discards
+//     them. A JoinHook
+//     (ZeroRedundancyOptimizer) steps with them.
 // Only DistributedDataParallel's own collectives are shadowed: collectives
 // the loop issues itself (metrics, checkpoints) must be issued the same
 // number of times on every rank, or moved after the join.

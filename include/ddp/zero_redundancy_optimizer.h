@@ -38,14 +38,23 @@
 // with the gradients DDP's shadow all_reduce gave it and broadcasts it, so
 // the ranks still training get every shard updated.
 //
-// Collectives: the constructor (one check that every rank passes the same
-// parameters), step(), consolidate_state_dict(), save() when not yet
-// consolidated... see each method. They run on `group` (default: the default
-// group), in the same order on every rank.
+// Collectives: the constructor (every rank checks every rank's parameter
+// list), step() and consolidate_state_dict(); they run on `group` (default:
+// the default group), in the same order on every rank. Every rank must
+// construct it with the same optimizer class and options (not checked: each
+// owner applies its own). state_dict(), save(), load_state_dict() and
+// load() do not communicate.
 //
-// Errors: InvalidArgument for no parameters, a parameter listed twice, a
-// state_dict() on a rank without a consolidated state, a state that does
-// not fit (naming the group and parameter); MismatchError when the ranks'
+// Not PyTorch's: the wrapper's own state() is empty (the shard optimizer,
+// local_optimizer(), holds this rank's); add_param_group() after
+// construction is refused at the next step() (libtorch's is not virtual, so
+// the partition cannot follow it).
+//
+// Errors: InvalidArgument, on every rank, for no parameters or a parameter
+// listed twice on any rank, parameters added after construction, and a
+// state that does not fit (naming the group and parameter; checked against
+// every parameter on every rank); on one rank for a state_dict() or save()
+// where nothing current was consolidated; MismatchError when the ranks'
 // parameter lists differ; TimeoutError/CommError from the collectives.
 // Thread safety: one thread per rank, as any optimizer.
 #pragma once
@@ -85,8 +94,9 @@ struct ZeroRedundancyOptimizerOptions {
 
 class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public JoinHook {
  public:
-  // Builds the shard's optimizer from its parameter groups (the same
-  // options as `defaults`, a group per group given, possibly empty).
+  // Builds the shard's optimizer from its parameter groups: one per group
+  // given, with that group's options (or `defaults`), holding the
+  // parameters this rank owns (possibly none).
   using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(
       std::vector<torch::optim::OptimizerParamGroup>)>;
 
@@ -122,7 +132,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public JoinHook 
   void consolidate_state_dict(int to = 0) const;
   // On the rank consolidated to: the full state (of the equivalent
   // unsharded optimizer), as of the last consolidate_state_dict(). Throws
-  // InvalidArgument elsewhere, or when step() ran since (as PyTorch).
+  // InvalidArgument elsewhere, or when step() ran since (step() drops a
+  // consolidated state: it would be stale, and it is the whole state).
   std::shared_ptr<const detail::OptimizerSnapshot> state_dict() const;
   // Every rank: takes its shard of a full state (from state_dict() or a
   // checkpoint saved by any world size, or by a plain optimizer of the same
@@ -130,11 +141,14 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public JoinHook 
   // on error nothing changed. `source` names the state in errors.
   void load_state_dict(const detail::OptimizerSnapshot& state, const std::string& source = "state");
 
-  // torch::save/torch::load: save() on a consolidated rank writes the full
-  // state; load() reads it and keeps this rank's shard.
+  // torch::save/torch::load: save() writes the full state, on the rank
+  // consolidated to only (throws elsewhere: call torch::save there alone);
+  // load() reads it on every rank and keeps this rank's shard.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
+  // The group it runs on (null: a single process without one).
+  const ProcessGroupPtr& group() const { return group_; }
   // Which rank owns each parameter of each group (param_groups() order).
   const std::vector<std::vector<int>>& partition() const { return owner_; }
   // The shard's optimizer (its state is this rank's share).
@@ -153,6 +167,10 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public JoinHook 
     };
   }
   void sync_options_to_local() const;
+  void check_params_on_every_rank() const;
+  void check_partition_current() const;
+
+  Factory factory_;
   void broadcast_shards();
 
   ProcessGroupPtr group_;
@@ -160,8 +178,13 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public JoinHook 
   std::vector<std::vector<at::Tensor>> shard_of_rank_;  // [rank] -> its params
   std::unique_ptr<torch::optim::Optimizer> local_;
   mutable std::shared_ptr<const detail::OptimizerSnapshot> consolidated_;
-  mutable uint64_t consolidated_at_step_ = 0;
-  uint64_t steps_ = 0;
+  mutable bool dropped_by_step_ = false;  // state_dict() says why it has none
 };
+
+// Bytes of the state tensors `optimizer` holds (momentum buffers, Adam's
+// moments; a ZeroRedundancyOptimizer: this rank's shard), copied through
+// CPU to count them: for reports, not for a training loop. SGD, Adam,
+// AdamW, Adagrad, RMSprop; -1 for another class.
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
 }  // namespace ddp

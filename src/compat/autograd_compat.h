@@ -42,4 +42,22 @@ inline OptimizerStateKey optimizer_state_key(const at::Tensor& p) {
   return detail::optimizer_state_key<OptimizerStateKey>(p);
 }
 
+// Whether Optimizer::zero_grad takes set_to_none (2.x, default true: the
+// gradient becomes undefined) or not (1.13: a defined gradient is zeroed).
+template <class O, class = void>
+struct zero_grad_sets_to_none : std::false_type {};
+template <class O>
+struct zero_grad_sets_to_none<O, std::void_t<decltype(std::declval<O&>().zero_grad(true))>>
+    : std::true_type {};
+
+// What this libtorch's default Optimizer::zero_grad() does to `grad`.
+inline void clear_grad_as_zero_grad(at::Tensor& grad) {
+  if constexpr (zero_grad_sets_to_none<torch::optim::Optimizer>::value) {
+    grad = at::Tensor();
+  } else if (grad.defined()) {
+    grad = grad.detach();
+    grad.zero_();
+  }
+}
+
 }  // namespace ddp::compat
