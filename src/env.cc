@@ -6,12 +6,17 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 
 #include "ddp/error.h"
+#include "ddp_env.h"
+#include "env_names.h"
 
 namespace ddp {
 namespace {
+
+using namespace env_names;
 
 // Parses "[0-9]+" (and a leading '-') fully; nullopt on anything else.
 std::optional<long long> parse_int(const std::string& s) {
@@ -107,12 +112,12 @@ std::string slurm_master_host(const LaunchEnv& env) {
 }
 
 void read_master(LaunchEnv& env, const std::string& fallback_host) {
-  std::string addr = env_str("MASTER_ADDR");
+  std::string addr = env_str(kMasterAddr);
   env.master_addr = !addr.empty() ? addr
                     : !fallback_host.empty() ? fallback_host
                                              : std::string("127.0.0.1");
-  if (auto port = env_int("MASTER_PORT")) {
-    env.master_port = require_range("MASTER_PORT", *port, 1, 65535);
+  if (auto port = env_int(kMasterPort)) {
+    env.master_port = require_range(kMasterPort, *port, 1, 65535);
   }
 }
 
@@ -181,8 +186,7 @@ bool read_source(const Source& s, LaunchEnv& env) {
 LaunchEnv read_launch_env() {
   LaunchEnv env;
   const Source sources[] = {
-      {LaunchSource::kTorchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK",
-       "LOCAL_WORLD_SIZE"},
+      {LaunchSource::kTorchrun, kRank, kWorldSize, kLocalRank, kLocalWorldSize},
       {LaunchSource::kSlurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
        nullptr},
       {LaunchSource::kOpenMpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
@@ -194,7 +198,7 @@ LaunchEnv read_launch_env() {
   }
   // WORLD_SIZE alone would silently run this process as a world of one
   // while the others wait for it (PyTorch's env:// also requires RANK).
-  auto world_size = env_int("WORLD_SIZE");
+  auto world_size = env_int(kWorldSize);
   if (!found && world_size && *world_size != 1) {
     throw InvalidArgument(fmt::format(
         "environment variable WORLD_SIZE={} is set but RANK is missing: set "
@@ -203,12 +207,12 @@ LaunchEnv read_launch_env() {
   }
   read_master(env, env.source == LaunchSource::kSlurm ? slurm_master_host(env)
                                                       : std::string());
-  std::string agent = env_str("TORCHELASTIC_USE_AGENT_STORE");
+  std::string agent = env_str(kUseAgentStore);
   env.use_agent_store = (agent == "True" || agent == "true" || agent == "1");
-  if (auto rc = env_int("TORCHELASTIC_RESTART_COUNT")) {
-    env.restart_count = require_range("TORCHELASTIC_RESTART_COUNT", *rc, 0,
-                                      1 << 30);
+  if (auto rc = env_int(kRestartCount)) {
+    env.restart_count = require_range(kRestartCount, *rc, 0, 1 << 30);
   }
+  env.stdout_reaches_terminal = env_str(kTerminal) == "1";
   return env;
 }
 
@@ -248,4 +252,45 @@ std::optional<int> local_rank_from_argv(int& argc, char** argv, bool remove) {
   return std::nullopt;
 }
 
+namespace detail {
+namespace {
+
+bool env_is_one_of(const char* name, std::initializer_list<const char*> values) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return false;
+  for (const char* x : values) {
+    if (std::strcmp(v, x) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+DdpEnv read_ddp_env() {
+  DdpEnv env;
+  env.rendezvous_file = env_str(kRendezvousFile);
+  env.shared_memory = !env_is_one_of(kShm, {"0", "false", "False", "off", "OFF", "no"});
+  env.debug = env_is_one_of(kDebug, {"1", "true", "True", "ON", "on"}) ||
+              env_is_one_of(kTorchDistributedDebug, {"DETAIL"});
+  env.stall_warning_s = env_str(kStallWarningS);
+  const std::string ifnames = env_str(kGlooSocketIfname);
+  env.gloo_socket_ifname = ifnames.substr(0, ifnames.find(','));
+  env.log_level = env_str(kLogLevel);
+  env.log_rank_prefix = env_str(kLogRankPrefix) != "0";
+  return env;
+}
+
+std::optional<std::chrono::milliseconds> DdpEnv::stall_warning() const {
+  if (stall_warning_s.empty()) return std::nullopt;
+  char* end = nullptr;
+  const double v = std::strtod(stall_warning_s.c_str(), &end);
+  if (*end != '\0' || !(v > 0)) {
+    throw InvalidArgument(fmt::format(
+        "environment variable {}='{}' is not a positive number of seconds", kStallWarningS,
+        stall_warning_s));
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(v * 1000));
+}
+
+}  // namespace detail
 }  // namespace ddp

@@ -17,6 +17,7 @@
 #include "compat/torch_compat.h"
 #include "ddp/error.h"
 #include "ddp/logging.h"
+#include "env_names.h"
 #include "process_group_impl.h"
 
 namespace ddp {
@@ -62,7 +63,10 @@ bool follows_lost_peer(const std::string& message) {
 }
 
 bool write_error_file(const std::string& message, const std::string& detail) {
-  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  // Read here, at the failure, not with the launch environment: a program
+  // may set it after its start, and a failure must not depend on the other
+  // launch variables being well-formed.
+  const char* path = std::getenv(env_names::kErrorFile);
   if (path == nullptr || *path == '\0') return false;
   const auto now = std::chrono::system_clock::now().time_since_epoch();
   nlohmann::json j;

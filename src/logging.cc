@@ -14,12 +14,14 @@
 #include "ddp/env.h"
 #include "ddp/error.h"
 #include "ddp/process_group.h"
+#include "ddp_env.h"
+#include "env_names.h"
 
 namespace ddp {
 namespace {
 
 std::mutex g_write_mu;
-std::atomic<int> g_level{-1};  // -1: not yet read from DDP_LOG_LEVEL
+std::atomic<int> g_level{-1};  // -1: not yet read from DDP_LOG_LEVEL (once)
 
 // The rank the launch environment gives this process (RANK, SLURM_PROCID,
 // OMPI_COMM_WORLD_RANK); when the environment is malformed (say WORLD_SIZE),
@@ -30,7 +32,7 @@ int launch_rank() {
     return read_launch_env().rank;
   } catch (const Error&) {
     try {
-      const auto rank = env_int("RANK");
+      const auto rank = env_int(env_names::kRank);
       return rank && *rank >= 0 && *rank <= INT32_MAX ? static_cast<int>(*rank) : 0;
     } catch (const Error&) {
       return 0;
@@ -96,10 +98,10 @@ std::string vformat(const char* format, va_list args) {
 }
 
 LogLevel level_from_env() {
-  const char* v = std::getenv("DDP_LOG_LEVEL");
-  if (v == nullptr || *v == '\0') return LogLevel::kInfo;
+  const std::string v = detail::read_ddp_env().log_level;
+  if (v.empty()) return LogLevel::kInfo;
   try {
-    return parse_log_level(v, "DDP_LOG_LEVEL");
+    return parse_log_level(v, env_names::kLogLevel);
   } catch (const InvalidArgument& e) {
     write_all(stderr, std::string("ddp: ") + e.what() + "; using info\n");
     return LogLevel::kInfo;
@@ -172,10 +174,11 @@ void print0f(const char* format, ...) {
 
 // "[rank1]: ", or "" when the launcher already prefixes every line with the
 // rank (ddprun sets DDP_LOG_RANK_PREFIX=0 then), so lines do not read
-// "[rank1]:[rank1]: ...".
+// "[rank1]:[rank1]: ...". DDP_LOG_RANK_PREFIX is read once, at the first
+// line that could carry the prefix (a launcher sets it before the start).
 std::string rank_prefix() {
-  const char* v = std::getenv("DDP_LOG_RANK_PREFIX");
-  if (v && std::string(v) == "0") return "";
+  static const bool prefixed = detail::read_ddp_env().log_rank_prefix;
+  if (!prefixed) return "";
   return "[rank" + std::to_string(current_rank()) + "]: ";
 }
 

@@ -3,23 +3,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 
 #include "ddp/error.h"
 #include "ddp/logging.h"
+#include "ddp_env.h"
 #include "process_group_impl.h"
 #include "rendezvous.h"
 
 namespace ddp {
 namespace {
-
-bool env_off(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return false;
-  const std::string s = v;
-  return s == "0" || s == "false" || s == "False" || s == "off" || s == "OFF" || s == "no";
-}
 
 // Note [Shared-memory all-reduce] (shm/shm_group.h), set up after the Gloo
 // backend. Every rank takes the same decision; rank 0 warns once when
@@ -31,7 +24,7 @@ void start_shared_memory(const InitOptions& o, const detail::Rendezvous& r,
   s.rank = r.rank;
   s.size = r.size;
   s.timeout = o.timeout;
-  s.enabled = o.shared_memory && !env_off("DDP_SHM");
+  s.enabled = o.shared_memory && detail::read_ddp_env().shared_memory;
   s.gloo_address = r.gloo_address;
   s.gloo_threads = o.gloo_threads;
   s.staging_bytes = o.shared_memory_staging_bytes;
@@ -49,16 +42,8 @@ thread_local ProcessGroupPtr t_override;   // DefaultGroupGuard's group
 
 detail::MonitorOptions monitor_options(const InitOptions& options) {
   detail::MonitorOptions m;
-  m.warn_after = options.stall_warning;
-  if (const char* s = std::getenv("DDP_STALL_WARNING_S"); s && *s) {
-    char* end = nullptr;
-    double v = std::strtod(s, &end);
-    if (*end != '\0' || !(v > 0)) {
-      throw InvalidArgument(fmt::format(
-          "environment variable DDP_STALL_WARNING_S='{}' is not a positive number of seconds", s));
-    }
-    m.warn_after = std::chrono::milliseconds(static_cast<int64_t>(v * 1000));
-  }
+  const detail::DdpEnv env = detail::read_ddp_env();
+  m.warn_after = env.stall_warning().value_or(options.stall_warning);
   if (m.warn_after.count() <= 0) {
     throw InvalidArgument(fmt::format("InitOptions::stall_warning must be > 0 (got {} ms)",
                                       m.warn_after.count()));
@@ -67,16 +52,7 @@ detail::MonitorOptions monitor_options(const InitOptions& options) {
   // at the timeout, whichever comes first), cheap otherwise.
   m.publish_every = std::clamp(std::min(m.warn_after, options.timeout) / 5,
                                std::chrono::milliseconds(100), std::chrono::milliseconds(2000));
-  auto env_is = [](const char* name, std::initializer_list<const char*> values) {
-    const char* v = std::getenv(name);
-    if (!v) return false;
-    for (const char* x : values) {
-      if (std::string(v) == x) return true;
-    }
-    return false;
-  };
-  m.debug = options.debug_collectives || env_is("DDP_DEBUG", {"1", "true", "True", "ON", "on"}) ||
-            env_is("TORCH_DISTRIBUTED_DEBUG", {"DETAIL"});
+  m.debug = options.debug_collectives || env.debug;
   return m;
 }
 

@@ -22,6 +22,7 @@
 #include "compat/torch_compat.h"
 #include "ddp/env.h"
 #include "ddp/error.h"
+#include "ddp_env.h"
 #include "port_holder.h"
 
 namespace ddp::detail {
@@ -175,11 +176,8 @@ std::pair<std::string, int> parse_host_port(const std::string& rest,
 std::string gloo_address_for(const std::string& options_address,
                              const std::string& master_host) {
   if (!options_address.empty()) return options_address;
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
-    std::string first(ifname);
-    first = first.substr(0, first.find(','));
-    if (!first.empty()) return "if:" + first;
-  }
+  const std::string ifname = read_ddp_env().gloo_socket_ifname;
+  if (!ifname.empty()) return "if:" + ifname;
   if (master_host.empty()) return "";
   return local_address_towards(master_host);
 }
@@ -393,8 +391,8 @@ c10::intrusive_ptr<c10d::Store> env_store(const InitOptions& o, Rendezvous& r,
   }
   r.address = fmt::format("{}:{}", env.master_addr, env.master_port);
   r.gloo_address = gloo_address_for(o.gloo_address, env.master_addr);
-  const char* file = std::getenv("DDP_RENDEZVOUS_FILE");
-  if (file && *file && !env.use_agent_store) {
+  const std::string file = read_ddp_env().rendezvous_file;
+  if (!file.empty() && !env.use_agent_store) {
     // ddprun --standalone: a file in its private run directory, so nothing
     // listens on the network (Gloo binds 127.0.0.1 for a loopback master).
     r.address = file;

@@ -1,13 +1,15 @@
 // read_launch_env() for torchrun, SLURM, Open MPI and no launcher; every
-// error names its variable; local_rank_from_argv in its four spellings.
+// error names its variable; local_rank_from_argv in its four spellings;
+// ddp's own variables (read_ddp_env(), src/ddp_env.h).
 //
-// Each test starts from an environment without any launch variable (the
-// ScopedEnv fixture unsets them and puts the originals back), so the result
-// does not depend on how the test itself was launched.
+// Each test starts from an environment without any launch variable or ddp
+// variable (the EnvTest fixture unsets them and puts the originals back), so
+// the result does not depend on how the test itself was launched.
 #include "ddp/env.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "ddp/error.h"
+#include "ddp_env.h"
 
 namespace ddp {
 namespace {
@@ -26,7 +29,10 @@ const char* const kLaunchVariables[] = {
     "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_NNODES",
     "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "OMPI_COMM_WORLD_RANK",
     "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE"};
+    "OMPI_COMM_WORLD_LOCAL_SIZE", "DDP_TERMINAL",
+    // ddp's own
+    "DDP_RENDEZVOUS_FILE", "DDP_SHM", "DDP_DEBUG", "TORCH_DISTRIBUTED_DEBUG",
+    "DDP_STALL_WARNING_S", "GLOO_SOCKET_IFNAME", "DDP_LOG_LEVEL", "DDP_LOG_RANK_PREFIX"};
 
 class EnvTest : public ::testing::Test {
  protected:
@@ -68,6 +74,7 @@ TEST_F(EnvTest, NoLauncherIsOneProcess) {
   EXPECT_EQ(env.master_port, 29500);
   EXPECT_FALSE(env.use_agent_store);
   EXPECT_EQ(env.restart_count, 0);
+  EXPECT_FALSE(env.stdout_reaches_terminal);
   EXPECT_STREQ(to_string(env.source), "single-process");
 }
 
@@ -112,6 +119,18 @@ TEST_F(EnvTest, AgentStoreSpellings) {
   for (const char* no : {"False", "false", "0", ""}) {
     setenv("TORCHELASTIC_USE_AGENT_STORE", no, 1);
     EXPECT_FALSE(read_launch_env().use_agent_store) << no;
+  }
+}
+
+// ddprun's DDP_TERMINAL: exactly "1", with any source.
+TEST_F(EnvTest, TerminalIsOneOnly) {
+  setenv("DDP_TERMINAL", "1", 1);
+  EXPECT_TRUE(read_launch_env().stdout_reaches_terminal);
+  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
+  EXPECT_TRUE(read_launch_env().stdout_reaches_terminal);
+  for (const char* no : {"0", "true", "True", ""}) {
+    setenv("DDP_TERMINAL", no, 1);
+    EXPECT_FALSE(read_launch_env().stdout_reaches_terminal) << no;
   }
 }
 
@@ -296,6 +315,74 @@ TEST_F(EnvTest, EnvIntParsesOrNamesTheVariable) {
     FAIL() << "no error for RANK=4.5";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("RANK='4.5'"), std::string::npos) << e.what();
+  }
+}
+
+// --- ddp's own variables ----------------------------------------------------
+
+TEST_F(EnvTest, DdpVariablesDefaults) {
+  const detail::DdpEnv env = detail::read_ddp_env();
+  EXPECT_EQ(env.rendezvous_file, "");
+  EXPECT_TRUE(env.shared_memory);
+  EXPECT_FALSE(env.debug);
+  EXPECT_EQ(env.stall_warning(), std::nullopt);
+  EXPECT_EQ(env.gloo_socket_ifname, "");
+  EXPECT_EQ(env.log_level, "");
+  EXPECT_TRUE(env.log_rank_prefix);
+}
+
+TEST_F(EnvTest, DdpVariablesAreRead) {
+  set({{"DDP_RENDEZVOUS_FILE", "/run/store"}, {"DDP_STALL_WARNING_S", "2.5"},
+       {"GLOO_SOCKET_IFNAME", "eth1,eth0"}, {"DDP_LOG_LEVEL", "warn"},
+       {"DDP_LOG_RANK_PREFIX", "0"}});
+  const detail::DdpEnv env = detail::read_ddp_env();
+  EXPECT_EQ(env.rendezvous_file, "/run/store");
+  EXPECT_EQ(env.stall_warning(), std::chrono::milliseconds(2500));
+  EXPECT_EQ(env.gloo_socket_ifname, "eth1");
+  EXPECT_EQ(env.log_level, "warn");
+  EXPECT_FALSE(env.log_rank_prefix);
+  for (const char* prefixed : {"1", "", "no"}) {
+    setenv("DDP_LOG_RANK_PREFIX", prefixed, 1);
+    EXPECT_TRUE(detail::read_ddp_env().log_rank_prefix) << prefixed;
+  }
+  setenv("GLOO_SOCKET_IFNAME", ",eth0", 1);
+  EXPECT_EQ(detail::read_ddp_env().gloo_socket_ifname, "");
+}
+
+TEST_F(EnvTest, DdpShmAndDebugSpellings) {
+  for (const char* off : {"0", "false", "False", "off", "OFF", "no"}) {
+    setenv("DDP_SHM", off, 1);
+    EXPECT_FALSE(detail::read_ddp_env().shared_memory) << off;
+  }
+  for (const char* on : {"1", "", "on", "yes"}) {
+    setenv("DDP_SHM", on, 1);
+    EXPECT_TRUE(detail::read_ddp_env().shared_memory) << on;
+  }
+  for (const char* on : {"1", "true", "True", "ON", "on"}) {
+    setenv("DDP_DEBUG", on, 1);
+    EXPECT_TRUE(detail::read_ddp_env().debug) << on;
+  }
+  for (const char* off : {"0", "", "yes"}) {
+    setenv("DDP_DEBUG", off, 1);
+    EXPECT_FALSE(detail::read_ddp_env().debug) << off;
+  }
+  setenv("TORCH_DISTRIBUTED_DEBUG", "INFO", 1);
+  EXPECT_FALSE(detail::read_ddp_env().debug);
+  setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL", 1);
+  EXPECT_TRUE(detail::read_ddp_env().debug);
+}
+
+TEST_F(EnvTest, StallWarningMustBeAPositiveNumberOfSeconds) {
+  for (const char* bad : {"0", "-1", "abc", "2s"}) {
+    setenv("DDP_STALL_WARNING_S", bad, 1);
+    const detail::DdpEnv env = detail::read_ddp_env();  // the read never throws
+    try {
+      env.stall_warning();
+      ADD_FAILURE() << "no error for DDP_STALL_WARNING_S=" << bad;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()), std::string("environment variable DDP_STALL_WARNING_S='") +
+                                           bad + "' is not a positive number of seconds");
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 //   1. torchrun / ddprun / torch.distributed.launch --use-env:
 //      RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 //      MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT
+//      (and ddprun's DDP_TERMINAL)
 //   2. SLURM (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
 //      SLURM_NTASKS_PER_NODE, else this node's (SLURM_NODEID's) entry of
 //      SLURM_TASKS_PER_NODE ("2(x3),1")
@@ -16,7 +17,10 @@
 // a multi-node SLURM job (SLURM_NNODES > 1, or fewer tasks per node than
 // tasks) meets on the first node of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST
 // ("node[03-05],gpu1" -> node03), a single-node job on 127.0.0.1, and the
-// port defaults to 29500 (PyTorch's default).
+// port defaults to 29500 (PyTorch's default). TORCHELASTIC_RESTART_COUNT
+// and DDP_TERMINAL are read with every source.
+// Every variable ddp reads or writes, ddp's own (DDP_*, GLOO_SOCKET_IFNAME)
+// included, with its default: docs/environment.md.
 //
 // Thread safety: these functions read the process environment (getenv) and
 // are safe to call concurrently with each other, not with setenv.
@@ -44,7 +48,13 @@ struct LaunchEnv {
   // torchrun hosts the store in its agent: every rank is a store client and
   // keys live under "/worker/attempt_<restart_count>".
   bool use_agent_store = false;
-  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT
+  // TORCHELASTIC_RESTART_COUNT: the attempt, 0 for the first, counting the
+  // launcher's restarts of the worker group (0..2^30).
+  int restart_count = 0;
+  // DDP_TERMINAL=1 (any other value, or unset: false): this process's stdout
+  // is a pipe, but ddprun relays what it writes to a terminal, so a progress
+  // bar may be drawn (ddprun sets it for such workers only, never inherited).
+  bool stdout_reaches_terminal = false;
 };
 
 // Reads the launch environment described above.

@@ -73,7 +73,8 @@ void print_all(const std::string& text);
 // Writes "[rank<N>]: <LEVEL>: <message>" to stderr when `level` passes the
 // threshold, on the calling rank. The "[rank<N>]: " prefix (also that of
 // print_all) is left out when DDP_LOG_RANK_PREFIX=0, which ddprun sets for
-// workers whose lines it prefixes itself.
+// workers whose lines it prefixes itself; the variable is read once, at the
+// first line that could carry the prefix.
 void log(LogLevel level, const std::string& message);
 void logf(LogLevel level, const char* format, ...)
     __attribute__((format(printf, 2, 3)));

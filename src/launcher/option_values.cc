@@ -9,12 +9,13 @@
 #include <vector>
 
 #include "ddp/error.h"
+#include "env_names.h"
 
 namespace ddp::launcher {
 namespace {
 
 int count_gpus() {
-  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
+  if (const char* visible = std::getenv(env_names::kCudaVisibleDevices)) {
     std::string v(visible);
     return v.empty() ? 0 : static_cast<int>(split(v, ',').size());
   }

@@ -24,6 +24,16 @@ struct AttemptInfo {
   std::string store_file;
 };
 
+// Where one worker's console output goes (worker_group.cc decides).
+struct WorkerConsole {
+  // ddprun prefixes each of the worker's console lines with its rank, so
+  // ddp's logging should leave its own "[rankN]: " out.
+  bool launcher_prefixes_lines = false;
+  // The worker's stdout is a pipe whose lines the relay passes on to a
+  // terminal (Note [Carriage-return updates]): progress bars may be drawn.
+  bool stdout_reaches_terminal = false;
+};
+
 // The complete environment ("KEY=VALUE") of local rank `local_rank`: the
 // launcher's own environment `base` (null-terminated, like environ) with
 // RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
@@ -31,12 +41,18 @@ struct AttemptInfo {
 // MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
 // TORCHELASTIC_RUN_ID and TORCHELASTIC_ERROR_FILE set; OMP_NUM_THREADS=1
 // when unset and nproc_per_node > 1; NCCL_ASYNC_ERROR_HANDLING=1 and
-// PYTHONUNBUFFERED=1 (torchrun's `python -u`) when unset.
+// PYTHONUNBUFFERED=1 (torchrun's `python -u`) when unset;
+// DDP_RENDEZVOUS_FILE when attempt.store_file is set (removed otherwise);
+// DDP_LOG_RANK_PREFIX=0 when console.launcher_prefixes_lines and `base`
+// does not set it (even to ""); DDP_TERMINAL=1 when
+// console.stdout_reaches_terminal (removed otherwise: never inherited).
+// TORCHELASTIC_USE_AGENT_STORE is removed. The names: src/env_names.h.
 std::vector<std::string> worker_environment(const LaunchOptions& options,
                                             int local_rank,
                                             const AttemptInfo& attempt,
                                             const std::string& error_file,
-                                            const char* const* base);
+                                            const char* const* base,
+                                            const WorkerConsole& console = {});
 
 // The program's argv for local rank `local_rank`: options.program, with
 // "--local_rank=N" after the program name in the legacy mode (as

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -95,25 +94,17 @@ void GroupRun::start_one(int local_rank, bool prefix) {
   make_directories(dir);
   const std::string error_file = dir + "/error.json";
   ::unlink(error_file.c_str());  // a stale one would blame this attempt
+  StreamRoute out_route = stream_route(o_, local_rank, kStdOut, prefix, dir,
+                                       spec_.log_all_streams);
+  WorkerConsole console;
+  console.launcher_prefixes_lines = prefix;
+  // The worker's stdout is a pipe, but what it writes may reach a terminal
+  // (Note [Carriage-return updates]).
+  console.stdout_reaches_terminal = out_route.terminal;
   WorkerCommand cmd;
   cmd.path = spec_.program_path;
   cmd.argv = worker_arguments(o_, local_rank);
-  cmd.env = worker_environment(o_, local_rank, spec_.attempt, error_file, environ);
-  if (prefix && !std::getenv("DDP_LOG_RANK_PREFIX")) {
-    // ddprun prefixes every console line with the rank: ddp's logging
-    // (logging.h) leaves its own "[rankN]: " out.
-    cmd.env.push_back("DDP_LOG_RANK_PREFIX=0");
-  }
-  StreamRoute out_route = stream_route(o_, local_rank, kStdOut, prefix, dir,
-                                       spec_.log_all_streams);
-  cmd.env.erase(std::remove_if(cmd.env.begin(), cmd.env.end(),
-                               [](const std::string& v) { return v.rfind("DDP_TERMINAL=", 0) == 0; }),
-                cmd.env.end());  // never inherited: only this launcher's console counts
-  if (out_route.terminal) {
-    // The worker's stdout is a pipe, but what it writes reaches a terminal
-    // (Note [Carriage-return updates]): progress bars may be drawn.
-    cmd.env.push_back("DDP_TERMINAL=1");
-  }
+  cmd.env = worker_environment(o_, local_rank, spec_.attempt, error_file, environ, console);
   cmd.stdin_null = isatty(STDIN_FILENO) != 0;  // workers are not in the
                                                // terminal's foreground group
   SpawnedWorker sp = spawn_worker(cmd);

@@ -60,6 +60,63 @@ TEST(LauncherWorkerEnv, OneWorkerKeepsOmpUnset) {
   EXPECT_FALSE(sets_omp_num_threads(o, base));
 }
 
+// Lines ddprun prefixes with the rank: ddp's logging leaves its own prefix
+// out (DDP_LOG_RANK_PREFIX=0), unless the user set the variable, even to "".
+TEST(LauncherWorkerEnv, RankPrefixIsOffWhenTheLauncherPrefixesUnlessTheUserSetIt) {
+  LaunchOptions o;
+  AttemptInfo a{0, "127.0.0.1", 29500};
+  const char* none[] = {nullptr};
+  auto has_prefix_variable = [](const std::vector<std::string>& env) {
+    for (const std::string& kv : env) {
+      if (kv.rfind("DDP_LOG_RANK_PREFIX=", 0) == 0) return true;
+    }
+    return false;
+  };
+  EXPECT_FALSE(has_prefix_variable(worker_environment(o, 0, a, "/e", none)));
+  WorkerConsole prefixed;
+  prefixed.launcher_prefixes_lines = true;
+  EXPECT_THAT(worker_environment(o, 0, a, "/e", none, prefixed),
+              Contains("DDP_LOG_RANK_PREFIX=0"));
+  const char* own[] = {"DDP_LOG_RANK_PREFIX=1", nullptr};
+  auto env = worker_environment(o, 0, a, "/e", own, prefixed);
+  EXPECT_THAT(env, Contains("DDP_LOG_RANK_PREFIX=1"));
+  EXPECT_THAT(env, Not(Contains("DDP_LOG_RANK_PREFIX=0")));
+  const char* empty[] = {"DDP_LOG_RANK_PREFIX=", nullptr};
+  env = worker_environment(o, 0, a, "/e", empty, prefixed);
+  EXPECT_THAT(env, Contains("DDP_LOG_RANK_PREFIX="));
+  EXPECT_THAT(env, Not(Contains("DDP_LOG_RANK_PREFIX=0")));
+}
+
+// DDP_TERMINAL=1 only for a worker whose stdout the relay passes on to a
+// terminal; never inherited (from an outer ddprun).
+TEST(LauncherWorkerEnv, TerminalIsSetForARelayedTerminalOnlyAndNeverInherited) {
+  LaunchOptions o;
+  AttemptInfo a{0, "127.0.0.1", 29500};
+  const char* inherited[] = {"DDP_TERMINAL=1", nullptr};
+  for (const std::string& kv : worker_environment(o, 0, a, "/e", inherited)) {
+    EXPECT_NE(kv.rfind("DDP_TERMINAL=", 0), 0u) << kv;
+  }
+  WorkerConsole relayed;
+  relayed.stdout_reaches_terminal = true;
+  const char* none[] = {nullptr};
+  EXPECT_THAT(worker_environment(o, 0, a, "/e", none, relayed), Contains("DDP_TERMINAL=1"));
+}
+
+// --standalone's rendezvous file; an inherited one (an outer launcher's)
+// is removed.
+TEST(LauncherWorkerEnv, RendezvousFileIsTheAttemptsOnly) {
+  LaunchOptions o;
+  const char* inherited[] = {"DDP_RENDEZVOUS_FILE=/outer.store", nullptr};
+  AttemptInfo a{0, "127.0.0.1", 29500};
+  for (const std::string& kv : worker_environment(o, 0, a, "/e", inherited)) {
+    EXPECT_NE(kv.rfind("DDP_RENDEZVOUS_FILE=", 0), 0u) << kv;
+  }
+  a.store_file = "/run/store";
+  auto env = worker_environment(o, 0, a, "/e", inherited);
+  EXPECT_THAT(env, Contains("DDP_RENDEZVOUS_FILE=/run/store"));
+  EXPECT_THAT(env, Not(Contains("DDP_RENDEZVOUS_FILE=/outer.store")));
+}
+
 TEST(LauncherWorkerEnv, LegacyArgumentGoesRightAfterTheProgram) {
   LaunchOptions o;
   o.program = {"train", "--lr", "0.1"};

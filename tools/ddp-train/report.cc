@@ -68,9 +68,8 @@ void Progress::finish() {
   }
 }
 
-bool stdout_reaches_terminal() {
-  const char* relayed = std::getenv("DDP_TERMINAL");
-  return ::isatty(STDOUT_FILENO) != 0 || (relayed && std::string(relayed) == "1");
+bool stdout_reaches_terminal(const LaunchEnv& launch) {
+  return ::isatty(STDOUT_FILENO) != 0 || launch.stdout_reaches_terminal;
 }
 
 std::string directory_problem(const std::string& flag, const std::string& dir) {

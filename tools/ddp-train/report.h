@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "ddp/env.h"
+
 namespace ddp::train {
 
 // What one epoch produced; every number already reduced over the ranks.
@@ -49,8 +51,9 @@ class Progress {
 };
 
 // Whether rank 0's progress goes to a terminal: its stdout is one, or
-// ddprun relays it to one (DDP_TERMINAL=1, Note [Carriage-return updates]).
-bool stdout_reaches_terminal();
+// ddprun relays it to one (DDP_TERMINAL=1, LaunchEnv::stdout_reaches_terminal;
+// Note [Carriage-return updates]).
+bool stdout_reaches_terminal(const LaunchEnv& launch);
 
 // Rank 0, at start-up: "" when `dir` can be created and written (a file is
 // created and removed there), else what went wrong, naming `flag` and the

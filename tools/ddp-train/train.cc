@@ -8,8 +8,10 @@
 #include <torch/utils.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
 
 #include <chrono>
@@ -42,6 +44,7 @@ struct Run {
   int64_t step = 0;
   int64_t total_steps = 1;   // for the learning-rate schedule
   int64_t skip_batches = 0;  // resuming inside an epoch
+  LaunchEnv launch;  // read once the group exists (it validated them)
   bool terminal = false;
   Clock::time_point started = Clock::now();
 };
@@ -82,6 +85,7 @@ void set_up(Run& r) {
   io.backend = c.backend;
   io.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.timeout_s * 1000));
   init_process_group(io);
+  r.launch = read_launch_env();
   r.rank = get_rank();
   r.world = get_world_size();
   r.device = pick_device(c);
@@ -117,7 +121,7 @@ void set_up(Run& r) {
   const int64_t shard = (r.train_size + r.world - 1) / r.world;
   r.total_steps = std::max<int64_t>(c.epochs * ((shard + c.batch_size - 1) / c.batch_size), 1);
   torch::manual_seed(c.seed + 1 + static_cast<uint64_t>(r.rank));  // own dropout masks
-  r.terminal = broadcast_value<int>(r.rank == 0 && stdout_reaches_terminal(), 0) != 0;
+  r.terminal = broadcast_value<int>(r.rank == 0 && stdout_reaches_terminal(r.launch), 0) != 0;
   // Output and checkpoint directories: checked now on rank 0 (which writes
   // them), failing every rank alike, not at the first checkpoint.
   std::string problem;
@@ -188,8 +192,7 @@ void evaluate(Run& r, EpochRecord& rec) {
 void inject_fault(Run& r, at::Tensor& out) {
   const TrainConfig& c = r.config;
   if (c.fault.empty() || r.rank != c.fault_rank || r.step + 1 != c.fault_step) return;
-  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  if (c.fault_attempt >= 0 && (attempt ? std::atoi(attempt) : 0) != c.fault_attempt) return;
+  if (c.fault_attempt >= 0 && r.launch.restart_count != c.fault_attempt) return;
   log(LogLevel::kWarning, fmt::format("ddp-train: injecting fault '{}' at step {}", c.fault,
                                       c.fault_step));
   if (c.fault == "crash-in-backward") {
@@ -317,14 +320,32 @@ void check_replicas(Run& r) {
                      r.world, sum, abs_sum));
 }
 
+// --threads 0: OMP_NUM_THREADS (the first entry of its comma-separated
+// list, as OpenMP reads it); 1 when it is unset or empty.
+int threads_from_env() {
+  const char* name = "OMP_NUM_THREADS";
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return 1;
+  const std::string text(value);
+  const std::string first = text.substr(0, text.find(','));
+  errno = 0;
+  char* end = nullptr;
+  const long n = std::strtol(first.c_str(), &end, 10);
+  if (first.empty() || *end != '\0' || errno != 0 || n < 1 || n > INT32_MAX) {
+    throw InvalidArgument(fmt::format(
+        "ddp-train: environment variable {}='{}' is not a positive number of threads: set "
+        "it to the torch threads per process, unset it (1 thread), or pass --threads",
+        name, text));
+  }
+  return static_cast<int>(n);
+}
+
 }  // namespace
 
 int run(const TrainConfig& config) {
   Run r;
   r.config = config;
-  torch::set_num_threads(config.threads > 0 ? config.threads
-                         : std::getenv("OMP_NUM_THREADS") ? std::max(1, std::atoi(std::getenv("OMP_NUM_THREADS")))
-                                                          : 1);
+  torch::set_num_threads(config.threads > 0 ? config.threads : threads_from_env());
   set_up(r);
   print0(describe(config, r.world));
   maybe_resume(r);

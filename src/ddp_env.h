@@ -1,0 +1,52 @@
+// ddp's own environment variables (docs/environment.md, "ddp's own"): the
+// settings a user (or ddprun) gives the library without recompiling. The
+// launch variables are include/ddp/env.h's; both are read in src/env.cc
+// only, by the names of src/env_names.h.
+//
+// read_ddp_env() reads them all each time it is called; its callers decide
+// when, and the library reads them where it always has: the shared-memory
+// switch, the debug mode and the stall warning when a process group is
+// created (new_process_group), the rendezvous file and the Gloo interface
+// in its rendezvous, the log level and the rank prefix once, at the first
+// line that needs them (logging.cc; set_log_level overrides the level).
+//
+// Thread safety: as read_launch_env(): safe with other readers, not with
+// setenv.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+namespace ddp::detail {
+
+struct DdpEnv {
+  // DDP_RENDEZVOUS_FILE (ddprun --standalone): the ranks meet in this
+  // FileStore instead of a TCP store. "" when unset.
+  std::string rendezvous_file;
+  // DDP_SHM: false when 0, false, False, off, OFF or no (docs/shared_memory.md).
+  bool shared_memory = true;
+  // DDP_DEBUG is 1, true, True, ON or on, or TORCH_DISTRIBUTED_DEBUG=DETAIL:
+  // every collective is checked across ranks (collective_monitor.h).
+  bool debug = false;
+  // DDP_STALL_WARNING_S as set ("" when unset); stall_warning() checks it.
+  std::string stall_warning_s;
+  // The first interface of GLOO_SOCKET_IFNAME's comma-separated list ("" when
+  // unset or empty): the one Gloo binds.
+  std::string gloo_socket_ifname;
+  // DDP_LOG_LEVEL as set ("" when unset): logging.cc parses it, and reports
+  // rather than throws when it is not a level.
+  std::string log_level;
+  // DDP_LOG_RANK_PREFIX: false when 0 (ddprun prefixes the lines itself).
+  bool log_rank_prefix = true;
+
+  // DDP_STALL_WARNING_S in milliseconds; nullopt when unset or empty. Throws
+  // InvalidArgument naming the variable when it is not a positive number of
+  // seconds. Checked by its user (new_process_group), not by the read, so
+  // that a bad value fails where it always has.
+  std::optional<std::chrono::milliseconds> stall_warning() const;
+};
+
+DdpEnv read_ddp_env();
+
+}  // namespace ddp::detail
