@@ -1,5 +1,8 @@
 // Internal: turns InitOptions into a store that every rank of the group
-// shares, and checks that exactly the expected ranks arrived.
+// shares (the init methods: env://, tcp://, file://, memory://, torchrun's
+// agent store, ddprun's rendezvous file; rendezvous.cc), and checks that
+// exactly the expected ranks arrived (Note [Arrival protocol],
+// rendezvous_arrival.h).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
