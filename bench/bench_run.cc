@@ -209,17 +209,17 @@ json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, in
   if (c.side == "plain") {
     auto opt = make_optimizer(c, model->parameters());
     r = train_loop(model, *opt, batches, c, /*distributed=*/world > 1);
-    out["optimizer_state_bytes"] = {optimizer_state_bytes(*opt)};
     out["max_rss_kib"] = {max_rss_kib()};
+    out["optimizer_state_bytes"] = {optimizer_state_bytes(*opt)};
   } else {
     DistributedDataParallel<M> net(model, ddp_options(c, false));
     auto powersgd = register_hook(net, c);
     auto opt = make_optimizer(c, net.parameters());
     r = train_loop(net, *opt, batches, c, /*distributed=*/true);
     out["ddp_stats"] = stats_json(net.stats());
-    // Per rank (collectives: every rank is here).
-    out["optimizer_state_bytes"] = all_gather_value(optimizer_state_bytes(*opt));
+    // Per rank (collectives: every rank is here); the peak first.
     out["max_rss_kib"] = all_gather_value(max_rss_kib());
+    out["optimizer_state_bytes"] = all_gather_value(optimizer_state_bytes(*opt));
     if (powersgd) {
       auto cs = powersgd->compression_stats();
       int64_t compressed = std::max<int64_t>(

@@ -13,7 +13,7 @@
 #include <numeric>
 #include <unordered_set>
 
-#include "checkpoint_format.h"
+#include "checkpoint/checkpoint_format.h"
 #include "ddp/collectives.h"
 #include "ddp/error.h"
 #include "model_sync.h"
@@ -95,6 +95,11 @@ std::string param_problem(const std::vector<optim::OptimizerParamGroup>& groups)
 }
 
 CollectiveOptions on(const ProcessGroupPtr& group) { return {group, std::nullopt}; }
+
+// The shard broadcasts flatten at most this much at once: the flat copy is
+// memory ZeRO exists to save, so it is bounded like a DDP bucket (25 MiB)
+// rather than PyTorch's 250 MiB coalescing chunk.
+constexpr int64_t kBroadcastChunkBytes = int64_t{25} << 20;
 
 }  // namespace
 
@@ -193,28 +198,48 @@ void ZeroRedundancyOptimizer::broadcast_shards() {
   if (!group_ || group_->size() == 1) return;
   for (int r = 0; r < group_->size(); ++r) {
     const auto& shard = shard_of_rank_[static_cast<size_t>(r)];
-    if (!shard.empty()) detail::broadcast_coalesced(shard, r, on(group_));
+    if (!shard.empty()) detail::broadcast_coalesced(shard, r, on(group_), kBroadcastChunkBytes);
   }
 }
 
 int64_t ZeroRedundancyOptimizer::state_bytes() const { return optimizer_state_bytes(*local_); }
 
+namespace {
+
+int64_t bytes_of(std::initializer_list<const at::Tensor*> tensors) {
+  int64_t n = 0;
+  for (const at::Tensor* t : tensors) n += t->defined() ? static_cast<int64_t>(t->nbytes()) : 0;
+  return n;
+}
+
+// The tensors of one built-in parameter state, counted where they are (no
+// copy: a report must not raise the memory it reports); -1 for others.
+int64_t state_bytes_of(const optim::OptimizerParamState& s) {
+  if (auto* p = dynamic_cast<const optim::SGDParamState*>(&s)) return bytes_of({&p->momentum_buffer()});
+  if (auto* p = dynamic_cast<const optim::AdamParamState*>(&s)) {
+    return bytes_of({&p->exp_avg(), &p->exp_avg_sq(), &p->max_exp_avg_sq()});
+  }
+  if (auto* p = dynamic_cast<const optim::AdamWParamState*>(&s)) {
+    return bytes_of({&p->exp_avg(), &p->exp_avg_sq(), &p->max_exp_avg_sq()});
+  }
+  if (auto* p = dynamic_cast<const optim::AdagradParamState*>(&s)) return bytes_of({&p->sum()});
+  if (auto* p = dynamic_cast<const optim::RMSpropParamState*>(&s)) {
+    return bytes_of({&p->square_avg(), &p->momentum_buffer(), &p->grad_avg()});
+  }
+  return -1;
+}
+
+}  // namespace
+
 int64_t optimizer_state_bytes(const optim::Optimizer& optimizer) {
   if (auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(&optimizer)) {
     return zero->state_bytes();
   }
-  const detail::OptimizerSnapshot s = detail::capture_optimizer(optimizer);
-  if (s.type.rfind("archive:", 0) == 0) return -1;
   int64_t bytes = 0;
-  for (const auto& g : s.groups) {
-    for (const auto& st : g.state) {
-      if (!st) continue;
-      for (const auto& f : *st) {
-        if (f.kind == detail::OptimizerField::Kind::kTensor && f.tensor.defined()) {
-          bytes += static_cast<int64_t>(f.tensor.nbytes());
-        }
-      }
-    }
+  for (const auto& entry : optimizer.state()) {
+    const int64_t b = state_bytes_of(*entry.second);
+    if (b < 0) return -1;
+    bytes += b;
   }
   return bytes;
 }

@@ -12,7 +12,10 @@
 // rank's optimizer of the given class holds state for its own shard only,
 // and step() runs it on that shard, then every rank broadcasts its updated
 // parameters to the others (one coalesced broadcast per rank, dtype and
-// 250 MiB chunk, in rank order). The optimizer state per rank is about 1/W
+// 25 MiB chunk, in rank order: the flat copy is bounded like a DDP bucket).
+// Parameters are not split: a rank's share is at least its largest
+// parameter's state, so a model dominated by one matrix shards poorly (as
+// in PyTorch). The optimizer state per rank is about 1/W
 // of the unsharded one; the parameters after each step are those of the
 // unsharded optimizer (bit for bit for element-wise optimizers such as SGD
 // and Adam: each element is updated by the same arithmetic on its owner).
@@ -182,9 +185,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public JoinHook 
 };
 
 // Bytes of the state tensors `optimizer` holds (momentum buffers, Adam's
-// moments; a ZeroRedundancyOptimizer: this rank's shard), copied through
-// CPU to count them: for reports, not for a training loop. SGD, Adam,
-// AdamW, Adagrad, RMSprop; -1 for another class.
+// moments; a ZeroRedundancyOptimizer: this rank's shard), counted in place.
+// SGD, Adam, AdamW, Adagrad, RMSprop; -1 for another class.
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
 }  // namespace ddp
