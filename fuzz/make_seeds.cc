@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint_format.h"
+#include "checkpoint/checkpoint_format.h"
 #include "ddp/checkpoint.h"
 #include "idx_encode.h"
 

@@ -84,7 +84,7 @@ if ((coverage)); then
   for t in "${targets[@]}"; do
     case $t in
       idx) sources=(src/datasets/idx.cc src/datasets/byte_reader.cc) ;;
-      checkpoint) sources=(src/checkpoint_format.cc) ;;
+      checkpoint) sources=(src/checkpoint/checkpoint_format.cc) ;;
     esac
     mkdir -p "$out/$t/corpus"
     LLVM_PROFILE_FILE="$out/$t/coverage.profraw" "$cov/fuzz/${t}_fuzzer" -runs=0 \

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "checkpoint_format.h"
+#include "checkpoint/checkpoint_format.h"
 #include "ddp/collectives.h"
 #include "ddp/error.h"
 #include "ddp/zero_redundancy_optimizer.h"
