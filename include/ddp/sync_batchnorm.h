@@ -102,8 +102,9 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
 };
 TORCH_MODULE(SyncBatchNorm);
 
-// Replaces every torch::nn::BatchNorm1d, BatchNorm2d and BatchNorm3d inside
-// `module`, at any depth, by a SyncBatchNorm over `group` (null: the
+// Replaces every torch::nn::BatchNorm1d, BatchNorm2d and BatchNorm3d that is
+// an element of a torch::nn::Sequential anywhere in `module`'s tree (a
+// Sequential held by a field of your module, at any depth) by a SyncBatchNorm over `group` (null: the
 // default group at each forward) with the same options, training mode and
 // tensors (share_state). Call it before wrapping the model in
 // DistributedDataParallel. Returns the number of layers replaced.
