@@ -87,6 +87,24 @@ TEST_F(DdpTrain, ResumeInsideAnEpochEndsLikeAnUninterruptedRun) {
   }
 }
 
+// A checkpoint whose metadata ddp-train did not write: --resume fails
+// naming the file, the key and the value (not std::stoll's "stoll").
+TEST_F(DdpTrain, ResumeFromBadMetadataNamesTheKeyAndTheFile) {
+  ProcessResult first = train(dir_ + "/bad", {"--no-plot", "--epochs", "1", "--max-steps", "2"});
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  const std::string path = *latest_checkpoint_path(dir_ + "/bad/checkpoints");
+  Checkpoint c = load_checkpoint(path);
+  c.metadata["epoch_batches"] = "many";
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << serialize_checkpoint(c);
+  ProcessResult second = train(dir_ + "/bad", {"--no-plot", "--resume"});
+  EXPECT_NE(second.exit_code, 0) << second.out << second.err;
+  const std::string all = second.out + second.err;
+  EXPECT_NE(all.find("metadata 'epoch_batches' = 'many' is not a count"), std::string::npos) << all;
+  EXPECT_NE(all.find(std::filesystem::path(path).filename().string() + "': metadata"),
+            std::string::npos)
+      << all;
+}
+
 // --sync-bn: ddp::SyncBatchNorm layers under the same names (a checkpoint
 // holds bn1/bn2's buffers, updated once per step); it learns and the
 // replicas stay identical.

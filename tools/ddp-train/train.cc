@@ -16,6 +16,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
+#include <string>
 
 #include "ddp/ddp.h"
 #include "ddp/datasets/batch_loader.h"
@@ -29,6 +31,33 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The whole of `text` as a base-10 integer (strtoll's form); nullopt when it
+// is empty, has anything after the number, or is out of range.
+std::optional<int64_t> parse_integer(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(text.c_str(), &end, 10);
+  if (*end != '\0' || errno != 0) return std::nullopt;
+  return n;
+}
+
+// The checkpoint's metadata `key` as a count (an integer >= 0; 0 when the
+// key is absent). Throws InvalidArgument naming the file, the key and the
+// value when it is not one (a checkpoint this program did not write).
+int64_t metadata_count(const Checkpoint& ckpt, const std::string& key) {
+  auto it = ckpt.metadata.find(key);
+  if (it == ckpt.metadata.end()) return 0;
+  const std::optional<int64_t> n = parse_integer(it->second);
+  if (!n || *n < 0) {
+    throw InvalidArgument(fmt::format(
+        "checkpoint '{}': metadata '{}' = '{}' is not a count (an integer >= 0); was it "
+        "written by ddp-train? Resume from another checkpoint or start without --resume",
+        ckpt.path, key, it->second));
+  }
+  return *n;
 }
 
 struct Run {
@@ -143,8 +172,7 @@ void maybe_resume(Run& r) {
   restore_checkpoint(*ckpt, *r.net, r.optimizer.get());
   r.start_epoch = static_cast<int>(ckpt->epoch);
   r.step = ckpt->step;
-  auto it = ckpt->metadata.find("epoch_batches");
-  r.skip_batches = it == ckpt->metadata.end() ? 0 : std::stoll(it->second);
+  r.skip_batches = metadata_count(*ckpt, "epoch_batches");
   print0(fmt::format("ddp-train: resumed from {} (epoch {}, step {}, {} batches into the epoch)",
                      ckpt->path, r.start_epoch, r.step, r.skip_batches));
   if (r.config.comm_hook.rfind("powersgd-", 0) == 0 && r.step > 0) {
@@ -328,16 +356,14 @@ int threads_from_env() {
   if (value == nullptr || *value == '\0') return 1;
   const std::string text(value);
   const std::string first = text.substr(0, text.find(','));
-  errno = 0;
-  char* end = nullptr;
-  const long n = std::strtol(first.c_str(), &end, 10);
-  if (first.empty() || *end != '\0' || errno != 0 || n < 1 || n > INT32_MAX) {
+  const std::optional<int64_t> n = parse_integer(first);
+  if (!n || *n < 1 || *n > INT32_MAX) {
     throw InvalidArgument(fmt::format(
         "ddp-train: environment variable {}='{}' is not a positive number of threads: set "
         "it to the torch threads per process, unset it (1 thread), or pass --threads",
         name, text));
   }
-  return static_cast<int>(n);
+  return static_cast<int>(*n);
 }
 
 }  // namespace
