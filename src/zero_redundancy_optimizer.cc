@@ -7,6 +7,7 @@
 #include <torch/serialize/archive.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "ddp/collectives.h"
 #include "ddp/error.h"
 #include "model_sync.h"
+#include "process_group_impl.h"
 
 namespace ddp {
 namespace {
@@ -58,22 +60,18 @@ std::vector<std::vector<int>> assign_owners(const std::vector<optim::OptimizerPa
   return owner;
 }
 
-// What every rank must agree on: groups, parameters, elements.
-struct Shape {
-  int64_t groups, params, numel, fingerprint;
-};
-
-Shape shape_of(const std::vector<optim::OptimizerParamGroup>& groups) {
-  Shape s{static_cast<int64_t>(groups.size()), 0, 0, 0};
-  for (const auto& g : groups) {
-    for (const at::Tensor& p : g.params()) {
-      ++s.params;
-      s.numel += p.numel();
-      s.fingerprint = s.fingerprint * 1000003 + p.numel() * 31 + p.dim();
+// One line per parameter, "group G parameter I: Float[16, 8] cpu": what
+// every rank must agree on.
+std::vector<std::string> describe_params(const std::vector<optim::OptimizerParamGroup>& groups) {
+  std::vector<std::string> lines;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].params().size(); ++i) {
+      const at::Tensor& p = groups[g].params()[i];
+      lines.push_back(fmt::format("group {} parameter {}: {} {}", g, i,
+                                  detail::describe_tensors({p}), p.device().str()));
     }
-    s.fingerprint = s.fingerprint * 1000003 + 7;
   }
-  return s;
+  return lines;
 }
 
 // "" when the parameters are usable, else what is wrong with them.
@@ -111,21 +109,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
       group_(options.group ? options.group : (is_initialized() ? default_group() : nullptr)) {
   const int world = group_ ? group_->size() : 1;
   check_params_on_every_rank();
-  if (world > 1) {
-    const Shape mine = shape_of(param_groups());
-    const auto all = all_gather_value(mine, on(group_));
-    for (int r = 0; r < world; ++r) {
-      const Shape& s = all[static_cast<size_t>(r)];
-      if (s.groups != mine.groups || s.params != mine.params || s.numel != mine.numel ||
-          s.fingerprint != mine.fingerprint) {
-        throw MismatchError(fmt::format(
-            "ZeroRedundancyOptimizer: rank {} has {} group(s), {} parameter(s), {} element(s), "
-            "but rank {} has {}, {}, {} (or other shapes): every rank must pass the same "
-            "parameters in the same order",
-            group_->rank(), mine.groups, mine.params, mine.numel, r, s.groups, s.params, s.numel));
-      }
-    }
-  }
+  if (world > 1) check_same_params_on_every_rank();
   owner_ = assign_owners(param_groups(), world);
   shard_of_rank_.resize(static_cast<size_t>(world));
   const int rank = group_ ? group_->rank() : 0;
@@ -153,6 +137,31 @@ void ZeroRedundancyOptimizer::check_params_on_every_rank() const {
     const bool mine = group_ == nullptr || static_cast<int>(r) == group_->rank();
     throw InvalidArgument("ZeroRedundancyOptimizer: " +
                           (mine ? all[r] : fmt::format("on rank {}: {}", r, all[r])));
+  }
+}
+
+// Every rank compares every rank's parameter list with its own (an
+// all_gather of their descriptions) and names the first difference.
+void ZeroRedundancyOptimizer::check_same_params_on_every_rank() const {
+  const std::vector<std::string> mine = describe_params(param_groups());
+  const auto all = all_gather_string(fmt::format("{}", fmt::join(mine, "\n")), on(group_));
+  for (size_t r = 0; r < all.size(); ++r) {
+    std::vector<std::string> theirs;
+    for (size_t start = 0; start <= all[r].size();) {
+      const size_t end = std::min(all[r].find('\n', start), all[r].size());
+      theirs.push_back(all[r].substr(start, end - start));
+      start = end + 1;
+    }
+    if (theirs == mine) continue;
+    size_t k = 0;
+    while (k < mine.size() && k < theirs.size() && mine[k] == theirs[k]) ++k;
+    const std::string here = k < mine.size() ? mine[k] : "nothing more";
+    const std::string there = k < theirs.size() ? theirs[k] : "nothing more";
+    throw MismatchError(fmt::format(
+        "ZeroRedundancyOptimizer: rank {} has {} parameter(s), rank {} has {}; first difference "
+        "at position {}: rank {} has {}, rank {} has {}. Every rank must pass the same "
+        "parameters in the same order (model.parameters() of identical models)",
+        group_->rank(), mine.size(), r, theirs.size(), k, group_->rank(), here, r, there));
   }
 }
 

@@ -75,6 +75,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) const {
   }
   consolidated_.reset();
   dropped_by_step_ = false;
+  consolidated_to_ = to;
   if (rank != to) return;
   auto full = std::make_shared<OptimizerSnapshot>();
   full->type = local.type;
@@ -105,6 +106,13 @@ std::shared_ptr<const OptimizerSnapshot> ZeroRedundancyOptimizer::state_dict() c
         "the consolidated state was stale and has been dropped; call "
         "consolidate_state_dict() on every rank again");
   }
+  if (!consolidated_ && consolidated_to_ >= 0 && consolidated_to_ != rank) {
+    throw InvalidArgument(fmt::format(
+        "ZeroRedundancyOptimizer::state_dict: the state was consolidated on rank {}, not on "
+        "this rank ({}): call state_dict() or torch::save there, or consolidate_state_dict({}) "
+        "on every rank",
+        consolidated_to_, rank, rank));
+  }
   if (!consolidated_) {
     throw InvalidArgument(fmt::format(
         "ZeroRedundancyOptimizer::state_dict: rank {} holds no consolidated state; call "
@@ -116,7 +124,7 @@ std::shared_ptr<const OptimizerSnapshot> ZeroRedundancyOptimizer::state_dict() c
 
 void ZeroRedundancyOptimizer::load_state_dict(const OptimizerSnapshot& state,
                                               const std::string& source) {
-  const std::string where = "ZeroRedundancyOptimizer::load_state_dict: " + source;
+  const std::string where = "ZeroRedundancyOptimizer::load_state_dict: '" + source + "'";
   if (state.type.rfind("archive:", 0) == 0) {
     throw InvalidArgument(where + " is the state of a " + state.type.substr(8) +
                           " optimizer, which ddp cannot split per parameter");

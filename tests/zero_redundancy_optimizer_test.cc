@@ -271,8 +271,8 @@ TEST(ZeroRedundancyOptimizer, StateDictOnlyWhereConsolidatedAndCurrent) {
     opt.step();
     opt.state_dict();  // rank 1: stale; rank 0: never consolidated here
   });
-  EXPECT_NE(message_of(errors[0]).find("rank 0 holds no consolidated state; call "
-                                       "consolidate_state_dict(0) on every rank first"),
+  EXPECT_NE(message_of(errors[0]).find("the state was consolidated on rank 1, not on this rank "
+                                       "(0): call state_dict() or torch::save there"),
             std::string::npos)
       << message_of(errors[0]);
   EXPECT_NE(message_of(errors[1]).find("step() ran after consolidate_state_dict()"), std::string::npos)
@@ -465,8 +465,19 @@ TEST(ZeroRedundancyOptimizer, BadParametersAreNamed) {
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(is_a<MismatchError>(errors[r])) << message_of(errors[r]);
-    EXPECT_NE(message_of(errors[r]).find("every rank must pass the same parameters"), std::string::npos);
+    EXPECT_NE(message_of(errors[r]).find("Every rank must pass the same parameters"), std::string::npos);
   }
+  auto swapped = run_ranks_collect(2, [&](int r) {  // same counts, another order
+    Mlp net = initial();
+    auto params = net->parameters();
+    if (r == 1) std::swap(params[0], params[1]);
+    ZeroRedundancyOptimizer opt(params, optim::SGDOptions(0.1));
+  });
+  EXPECT_NE(message_of(swapped[0]).find("first difference at position 0: rank 0 has group 0 "
+                                        "parameter 0: Float[16, 8] cpu, rank 1 has group 0 "
+                                        "parameter 0: Float[16] cpu"),
+            std::string::npos)
+      << message_of(swapped[0]);
 }
 
 }  // namespace

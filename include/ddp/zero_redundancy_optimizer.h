@@ -171,6 +171,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public JoinHook 
   }
   void sync_options_to_local() const;
   void check_params_on_every_rank() const;
+  void check_same_params_on_every_rank() const;
   void check_partition_current() const;
 
   Factory factory_;
@@ -182,6 +183,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public JoinHook 
   std::unique_ptr<torch::optim::Optimizer> local_;
   mutable std::shared_ptr<const detail::OptimizerSnapshot> consolidated_;
   mutable bool dropped_by_step_ = false;  // state_dict() says why it has none
+  mutable int consolidated_to_ = -1;       // the rank of the last consolidation
 };
 
 // Bytes of the state tensors `optimizer` holds (momentum buffers, Adam's

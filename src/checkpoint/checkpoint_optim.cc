@@ -275,7 +275,7 @@ void restore_archive(const OptimizerSnapshot& s, optim::Optimizer& optimizer,
 void restore_optimizer(const OptimizerSnapshot& s, optim::Optimizer& optimizer,
                        const std::string& source) {
   if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) {
-    return zero->load_state_dict(s, "checkpoint '" + source + "'");
+    return zero->load_state_dict(s, source);
   }
   const Codec* c = codec_for(optimizer);
   const std::string type = c ? c->name : archive_type(optimizer);
