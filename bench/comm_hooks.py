@@ -16,7 +16,6 @@ BENCHMARKS.md between its markers.
 """
 import argparse
 import datetime
-import json
 import shlex
 import statistics
 import subprocess
@@ -126,17 +125,6 @@ def table(runs, workload):
     return "\n".join(lines)
 
 
-def update_markdown(path, doc, shown):
-    parts = [BEGIN, "", f"Results `{shown}` ({doc['started']} – {doc['finished']}); command "
-             f"`{doc['command']}`; ddp commit {doc['machine']['git']}; W={doc['world']}, "
-             f"{doc['repeats']} alternations; machine: {doc['machine']['cpu'].strip()}, "
-             f"{doc['machine']['cores']} cores.", ""]
-    for workload in doc["workloads"]:
-        parts += [f"**{workload}**", "", table(doc["runs"], workload), ""]
-    parts.append(END)
-    report.replace_section(path, BEGIN, END, parts)
-
-
 def main(argv):
     a = parse_args(argv)
     launcher = bench_run.Launcher(a)
@@ -147,14 +135,8 @@ def main(argv):
            "command": shlex.join([sys.executable, sys.argv[0]] + argv),
            "machine": bench_run.machine_info(a), "world": a.world, "repeats": a.repeats,
            "workloads": [w for w in a.workloads.split(",") if w], "runs": runs}
-    out = REPO / "bench" / "results" / f"{a.name}.json"
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(out)
-    for w in doc["workloads"]:
-        print(f"{w}\n{table(runs, w)}\n")
-    if a.markdown:
-        update_markdown(Path(a.markdown), doc, out.relative_to(REPO))
+    report.publish(doc, a.markdown, BEGIN, END,
+                   f"W={a.world}, {a.repeats} alternations", table)
     return 0
 
 

@@ -212,6 +212,31 @@ def update_markdown(path, doc, results_path):
     replace_section(path, BEGIN, END, head)
 
 
+def publish(doc, markdown, begin, end, details, table):
+    """What bench/comm_hooks.py and bench/zero.py do with a finished run:
+    writes bench/results/<doc name>.json atomically, prints each workload's
+    table(runs, workload), and, unless `markdown` is '', replaces its section
+    of that file: the results file, times, command, commit, `details` (the
+    run's own settings, a phrase) and machine, then the tables."""
+    repo = Path(__file__).resolve().parent.parent
+    out = repo / "bench" / "results" / f"{doc['name']}.json"
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(out)
+    for w in doc["workloads"]:
+        print(f"{w}\n{table(doc['runs'], w)}\n")
+    if not markdown:
+        return
+    m = doc["machine"]
+    parts = [begin, "", f"Results `{out.relative_to(repo)}` ({doc['started']} – "
+             f"{doc['finished']}); command `{doc['command']}`; ddp commit {m['git']}; "
+             f"{details}; machine: {m['cpu'].strip()}, {m['cores']} cores.", ""]
+    for w in doc["workloads"]:
+        parts += [f"**{w}**", "", table(doc["runs"], w), ""]
+    parts.append(end)
+    replace_section(Path(markdown), begin, end, parts)
+
+
 def replace_section(path, begin, end, lines):
     """Replaces the text between the markers `begin` and `end` of the file
     (lines include both markers), or appends the lines; atomically."""

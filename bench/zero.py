@@ -15,7 +15,6 @@ markers.
 """
 import argparse
 import datetime
-import json
 import shlex
 import statistics
 import sys
@@ -88,17 +87,6 @@ def table(runs, workload):
     return "\n".join(lines)
 
 
-def update_markdown(path, doc, shown):
-    parts = [BEGIN, "", f"Results `{shown}` ({doc['started']} – {doc['finished']}); command "
-             f"`{doc['command']}`; ddp commit {doc['machine']['git']}; optimizer "
-             f"{doc['optimizer']}; {doc['repeats']} alternations; machine: "
-             f"{doc['machine']['cpu'].strip()}, {doc['machine']['cores']} cores.", ""]
-    for workload in doc["workloads"]:
-        parts += [f"**{workload}**", "", table(doc["runs"], workload), ""]
-    parts.append(END)
-    report.replace_section(path, BEGIN, END, parts)
-
-
 def main(argv):
     a = parse_args(argv)
     launcher = bench_run.Launcher(a)
@@ -110,14 +98,8 @@ def main(argv):
            "machine": bench_run.machine_info(a), "optimizer": a.optimizer,
            "repeats": a.repeats, "workloads": [w for w in a.workloads.split(",") if w],
            "runs": runs}
-    out = REPO / "bench" / "results" / f"{a.name}.json"
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(out)
-    for w in doc["workloads"]:
-        print(f"{w}\n{table(runs, w)}\n")
-    if a.markdown:
-        update_markdown(Path(a.markdown), doc, out.relative_to(REPO))
+    report.publish(doc, a.markdown, BEGIN, END,
+                   f"optimizer {a.optimizer}; {a.repeats} alternations", table)
     return 0
 
 
