@@ -19,6 +19,7 @@ DDP_PYTHON: the venv's torch 2.13 for build/, Debian's python3-torch 1.13 for
 build-debian/), so both sides run the very same libtorch binary.
 """
 import argparse
+import atexit
 import datetime
 import json
 import os
@@ -137,6 +138,8 @@ class Launcher:
                         MKL_NUM_THREADS="1")
         self.env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         self.tmp = tempfile.mkdtemp(prefix="ddp-bench-")
+        # Weights and results live here only while the script runs.
+        atexit.register(shutil.rmtree, self.tmp, ignore_errors=True)
         self.hz = os.sysconf("SC_CLK_TCK")
 
     def run(self, world, program):
