@@ -89,10 +89,14 @@ std::terminate_handler previous_handler = nullptr;
 // Gloo checks on its transport thread that a peer's message fits the
 // operation it was posted for; a mismatch throws there, where nothing can
 // catch it, and terminates the process. Its text names sizes, not the cause.
+// Newer Gloo says "collective mismatch" or "size doesn't match"; the Gloo
+// of Debian's libtorch 1.13 enforces "op.preamble.length <= op.nbytes" (a
+// peer's message longer than the buffer posted for it).
 bool is_gloo_size_mismatch(const std::string& type, const std::string& what) {
   return type.rfind("gloo::", 0) == 0 &&
          (what.find("collective mismatch") != std::string::npos ||
-          what.find("size doesn't match") != std::string::npos);
+          what.find("size doesn't match") != std::string::npos ||
+          what.find("op.preamble.length <= op.nbytes") != std::string::npos);
 }
 
 std::string out_of_step_message(const std::string& gloo_text) {
