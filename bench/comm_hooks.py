@@ -15,8 +15,6 @@ compression statistics). Writes bench/results/NAME.json and the section of
 BENCHMARKS.md between its markers.
 """
 import argparse
-import datetime
-import shlex
 import statistics
 import subprocess
 import sys
@@ -128,13 +126,7 @@ def table(runs, workload):
 def main(argv):
     a = parse_args(argv)
     launcher = bench_run.Launcher(a)
-    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    runs = measure(a, launcher)
-    doc = {"name": a.name, "started": started,
-           "finished": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-           "command": shlex.join([sys.executable, sys.argv[0]] + argv),
-           "machine": bench_run.machine_info(a), "world": a.world, "repeats": a.repeats,
-           "workloads": [w for w in a.workloads.split(",") if w], "runs": runs}
+    doc = bench_run.timed_document(a, argv, launcher, measure, world=a.world, repeats=a.repeats)
     report.publish(doc, a.markdown, BEGIN, END,
                    f"W={a.world}, {a.repeats} alternations", table)
     return 0

@@ -248,6 +248,19 @@ def bench_config(launcher, a, workload, world, weights, nbytes, runs, sync):
             log(f"{workload} W={world} sync {impl:6s} rep {r}: {t * 1e3:8.2f} ms")
 
 
+def timed_document(a, argv, launcher, measure, **settings):
+    """Runs measure(a, launcher) and returns the run's document: name, start
+    and end times, command, machine, the script's own `settings`, workloads
+    and runs (what bench/comm_hooks.py and bench/zero.py save)."""
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    runs = measure(a, launcher)
+    return {"name": a.name, "started": started,
+            "finished": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": shlex.join([sys.executable, sys.argv[0]] + argv),
+            "machine": machine_info(a), **settings,
+            "workloads": [w for w in a.workloads.split(",") if w], "runs": runs}
+
+
 def machine_info(a):
     def sh(cmd):
         try:
