@@ -133,8 +133,8 @@ class HookComm : public BucketComm {
           "value with {} elements of {}; expected {} elements of {} (the bucket "
           "buffer's size and dtype)",
           name_, b.index, b.count, value.defined() ? value.numel() : 0,
-          value.defined() ? c10::toString(value.scalar_type()) : "undefined",
-          b.grads.numel(), c10::toString(b.grads.scalar_type())));
+          value.defined() ? dtype_name(value.scalar_type()) : "undefined",
+          b.grads.numel(), dtype_name(b.grads.scalar_type())));
     }
     if (!(value.data_ptr() == b.grads.data_ptr() && value.is_contiguous())) {
       b.grads.copy_(value.reshape({-1}));

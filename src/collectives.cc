@@ -59,7 +59,7 @@ void check_avg(const at::Tensor& t, ReduceOp op, const char* name) {
     throw InvalidArgument(fmt::format(
         "{}: ReduceOp::AVG needs a floating-point tensor, got {}; use SUM "
         "and divide, or convert first",
-        name, c10::toString(t.scalar_type())));
+        name, detail::dtype_name(t.scalar_type())));
   }
 }
 
@@ -192,9 +192,8 @@ void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src,
       if (inputs[i].sizes() != output.sizes() ||
           inputs[i].scalar_type() != output.scalar_type()) {
         throw InvalidArgument(fmt::format(
-            "scatter: inputs[{}] has shape {} {} but output has {} {}", i,
-            fmt::join(inputs[i].sizes(), "x"), c10::toString(inputs[i].scalar_type()),
-            fmt::join(output.sizes(), "x"), c10::toString(output.scalar_type())));
+            "scatter: inputs[{}] is {} but output is {}", i,
+            detail::describe_tensor(inputs[i]), detail::describe_tensor(output)));
       }
     }
     in.push_back(inputs);

@@ -14,26 +14,10 @@
 namespace ddp::detail {
 namespace {
 
-// PyTorch's dtype names (torch.float32 ...), without the "torch." prefix.
-std::string dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case c10::kFloat: return "float32";
-    case c10::kDouble: return "float64";
-    case c10::kHalf: return "float16";
-    case c10::kBFloat16: return "bfloat16";
-    case c10::kLong: return "int64";
-    case c10::kInt: return "int32";
-    case c10::kShort: return "int16";
-    case c10::kChar: return "int8";
-    case c10::kByte: return "uint8";
-    case c10::kBool: return "bool";
-    default: return c10::toString(t);
-  }
-}
-
+// "parameter 'fc.weight' float32[16, 8]" (tensor_text.h), " (frozen)" added
+// when it does not require grad.
 std::string describe(const NamedTensor& t) {
-  return fmt::format("{} '{}' [{}] {}{}", t.kind, t.name, fmt::join(t.tensor.sizes(), ", "),
-                     dtype_name(t.tensor.scalar_type()),
+  return fmt::format("{} '{}' {}{}", t.kind, t.name, describe_tensor(t.tensor),
                      t.tensor.requires_grad() ? "" : " (frozen)");
 }
 

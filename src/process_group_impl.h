@@ -14,6 +14,7 @@
 #include "collective_monitor.h"
 #include "compat/torch_compat.h"
 #include "shm/shm_group.h"
+#include "tensor_text.h"
 #include "ddp/collectives.h"
 #include "ddp/error.h"
 #include "ddp/process_group.h"
@@ -106,9 +107,6 @@ std::shared_ptr<WorkImpl> start_work(
     const std::function<c10::intrusive_ptr<c10d::Work>(
         compat::Backend&, std::chrono::milliseconds)>& start,
     const std::function<std::string()>& fingerprint = nullptr);
-
-// "float32[4, 8]" for fingerprints.
-std::string describe_tensors(const std::vector<at::Tensor>& tensors);
 
 // The group `options` names, or the default group.
 ProcessGroup& resolve_group(const CollectiveOptions& options);

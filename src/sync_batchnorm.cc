@@ -113,7 +113,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
       throw InvalidArgument(fmt::format(
           "SyncBatchNorm({}): expected more than 1 value per channel when training, got {} "
           "over the group of {} ranks (this rank's input: {}); use a larger batch or eval()",
-          c, total, group->size(), detail::describe_tensors({input})));
+          c, total, group->size(), detail::describe_tensor(input)));
     }
     at::Tensor mean = stats.narrow(0, 0, c) / total;
     at::Tensor var = (stats.narrow(0, c, c) / total - mean * mean).clamp_min(0);
@@ -249,7 +249,7 @@ void SyncBatchNormImpl::share_state(const at::Tensor& weight_, const at::Tensor&
           !wanted ? "undefined (affine/track_running_stats are off)"
           : scalar ? "a scalar"
                    : fmt::format("a tensor of {} elements", c),
-          t.defined() ? detail::describe_tensors({t}) : "undefined"));
+          detail::describe_tensor(t)));
     }
   };
   check(weight_, options.affine(), "weight");
@@ -274,11 +274,11 @@ void SyncBatchNormImpl::check_input(const at::Tensor& input) const {
     throw InvalidArgument(fmt::format(
         "SyncBatchNorm({}): expected an N x {} x * input (at least 2 dimensions, channels "
         "in dimension 1), got {}",
-        options.num_features(), options.num_features(), detail::describe_tensors({input})));
+        options.num_features(), options.num_features(), detail::describe_tensor(input)));
   }
   if (!at::isFloatingType(input.scalar_type())) {
     throw InvalidArgument(fmt::format("SyncBatchNorm({}): expected a floating-point input, got {}",
-                                      options.num_features(), detail::describe_tensors({input})));
+                                      options.num_features(), detail::describe_tensor(input)));
   }
 }
 

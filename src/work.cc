@@ -81,15 +81,6 @@ ProcessGroup& resolve_group(const CollectiveOptions& options) {
   return options.group ? *options.group : *default_group();
 }
 
-std::string describe_tensors(const std::vector<at::Tensor>& tensors) {
-  std::string out;
-  for (const at::Tensor& t : tensors) {
-    out += fmt::format("{}{}[{}]", out.empty() ? "" : " ", c10::toString(t.scalar_type()),
-                       fmt::join(t.sizes(), ", "));
-  }
-  return out;
-}
-
 std::shared_ptr<WorkImpl> start_work(
     const CollectiveOptions& options, const std::string& op,
     const std::function<c10::intrusive_ptr<c10d::Work>(

@@ -60,7 +60,7 @@ std::vector<std::vector<int>> assign_owners(const std::vector<optim::OptimizerPa
   return owner;
 }
 
-// One line per parameter, "group G parameter I: Float[16, 8] cpu": what
+// One line per parameter, "group G parameter I: float32[16, 8] cpu": what
 // every rank must agree on.
 std::vector<std::string> describe_params(const std::vector<optim::OptimizerParamGroup>& groups) {
   std::vector<std::string> lines;
@@ -68,7 +68,7 @@ std::vector<std::string> describe_params(const std::vector<optim::OptimizerParam
     for (size_t i = 0; i < groups[g].params().size(); ++i) {
       const at::Tensor& p = groups[g].params()[i];
       lines.push_back(fmt::format("group {} parameter {}: {} {}", g, i,
-                                  detail::describe_tensors({p}), p.device().str()));
+                                  detail::describe_tensor(p), p.device().str()));
     }
   }
   return lines;

@@ -419,7 +419,7 @@ TEST(Checkpoint, AnotherModelOrOptimizerIsRejectedAndNothingChanges) {
   } catch (const InvalidArgument& e) {
     EXPECT_STREQ(e.what(),
                  "checkpoint '/ckpt/x.ddpckpt' does not fit this model: key "
-                 "'fc1.weight' is Float[3, 4] in the checkpoint but Float[5, 4] "
+                 "'fc1.weight' is float32[3, 4] in the checkpoint but float32[5, 4] "
                  "in the model (9 vs 9 tensors); load it into the model it was "
                  "saved from, or start without it");
   }

@@ -42,7 +42,7 @@ TEST(DebugMode, DifferentOperationsRaiseOnEveryRank) {
     ASSERT_TRUE(is_a<MismatchError>(errors[r])) << r << ": " << message_of(errors[r]);
     EXPECT_TRUE(has(errors[r], "collective #1 differs across ranks: rank 0 called barrier #1 on "
                                "rank 0 of 2 (gloo) [barrier] but rank 1 called all_reduce #1 on "
-                               "rank 1 of 2 (gloo) [all_reduce SUM Float[4]]"))
+                               "rank 1 of 2 (gloo) [all_reduce SUM float32[4]]"))
         << message_of(errors[r]);
   }
 }
@@ -55,7 +55,7 @@ TEST(DebugMode, DifferentShapesRaiseInsteadOfAborting) {
   });
   for (int r = 0; r < 3; ++r) {
     EXPECT_TRUE(has(errors[r], "but rank 2 called all_reduce #0 on rank 2 of 3 (gloo) "
-                               "[all_reduce SUM Float[5]]"))
+                               "[all_reduce SUM float32[5]]"))
         << message_of(errors[r]);
   }
 }

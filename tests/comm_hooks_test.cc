@@ -319,7 +319,7 @@ TEST(CommHooks, ABadHookValueOrAThrowingHookNamesTheBucket) {
                          "short");
   });
   EXPECT_NE(wrong.find("comm hook 'short' gave gradient bucket 0 of 1 a value with 1 elements "
-                       "of Float; expected 280 elements of Float"),
+                       "of float32; expected 280 elements of float32"),
             std::string::npos)
       << wrong;
   std::string threw = error_of([](auto& m, int) {

@@ -86,11 +86,11 @@ TEST(DdpErrors, ModelMismatchNamesTheParameterOnEveryRank) {
   struct Case { const char* what; std::function<void(Mlp&)> change; const char* expect; };
   std::vector<Case> cases = {
       {"shape", [](Mlp& m) { m->fc2 = m->replace_module("fc2", torch::nn::Linear(16, 15)); m->fc3 = m->replace_module("fc3", torch::nn::Linear(15, 4)); },
-       "at position 2 rank 0 has parameter 'fc2.weight' [16, 16] float32 but rank 1 has parameter 'fc2.weight' [15, 16] float32"},
+       "at position 2 rank 0 has parameter 'fc2.weight' float32[16, 16] but rank 1 has parameter 'fc2.weight' float32[15, 16]"},
       {"dtype", [](Mlp& m) { m->fc3->to(torch::kDouble); },
-       "at position 4 rank 0 has parameter 'fc3.weight' [4, 16] float32 but rank 1 has parameter 'fc3.weight' [4, 16] float64"},
+       "at position 4 rank 0 has parameter 'fc3.weight' float32[4, 16] but rank 1 has parameter 'fc3.weight' float64[4, 16]"},
       {"count", [](Mlp& m) { m->register_parameter("extra", torch::zeros({2})); },
-       "rank 0 has 6 parameters and buffers but rank 1 has 7; at position 0 rank 0 has parameter 'fc1.weight' [16, 8] float32 but rank 1 has parameter 'extra' [2] float32"},
+       "rank 0 has 6 parameters and buffers but rank 1 has 7; at position 0 rank 0 has parameter 'fc1.weight' float32[16, 8] but rank 1 has parameter 'extra' float32[2]"},
   };
   for (const auto& c : cases) {
     auto errors = run_ranks_collect(2, [&](int r) {

@@ -474,8 +474,8 @@ TEST(ZeroRedundancyOptimizer, BadParametersAreNamed) {
     ZeroRedundancyOptimizer opt(params, optim::SGDOptions(0.1));
   });
   EXPECT_NE(message_of(swapped[0]).find("first difference at position 0: rank 0 has group 0 "
-                                        "parameter 0: Float[16, 8] cpu, rank 1 has group 0 "
-                                        "parameter 0: Float[16] cpu"),
+                                        "parameter 0: float32[16, 8] cpu, rank 1 has group 0 "
+                                        "parameter 0: float32[16] cpu"),
             std::string::npos)
       << message_of(swapped[0]);
 }

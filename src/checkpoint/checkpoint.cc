@@ -15,6 +15,7 @@
 #include "ddp/collectives.h"
 #include "ddp/error.h"
 #include "ddp/zero_redundancy_optimizer.h"
+#include "tensor_text.h"
 #include "torch_save.h"
 
 namespace ddp {
@@ -86,10 +87,6 @@ NamedTensors named_state(const torch::nn::Module& model) {
   return out;
 }
 
-std::string describe(const at::Tensor& t) {
-  return std::string(c10::toString(t.scalar_type())) + c10::str(t.sizes());
-}
-
 // Throws naming the first key where checkpoint and model differ.
 void check_fits(const Checkpoint& ckpt, const NamedTensors& model) {
   const size_t n = std::max(ckpt.model.size(), model.size());
@@ -107,8 +104,8 @@ void check_fits(const Checkpoint& ckpt, const NamedTensors& model) {
                "' in the checkpoint but '" + name + "' in the model";
       } else if (saved.value().sizes() != t.sizes() ||
                  saved.value().scalar_type() != t.scalar_type()) {
-        diff = "key '" + name + "' is " + describe(saved.value()) +
-               " in the checkpoint but " + describe(t) + " in the model";
+        diff = "key '" + name + "' is " + detail::describe_tensor(saved.value()) +
+               " in the checkpoint but " + detail::describe_tensor(t) + " in the model";
       }
     }
     if (!diff.empty()) {

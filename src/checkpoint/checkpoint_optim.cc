@@ -16,6 +16,7 @@
 #include "compat/autograd_compat.h"
 #include "ddp/error.h"
 #include "ddp/zero_redundancy_optimizer.h"
+#include "tensor_text.h"
 
 namespace ddp {
 namespace detail {
@@ -106,9 +107,8 @@ struct Apply {
     if (t.defined() && param != nullptr &&
         (t.sizes() != param->sizes() || t.scalar_type() != param->scalar_type())) {
       throw InvalidArgument(
-          where + ": '" + n + "' is " + c10::toString(t.scalar_type()) +
-          c10::str(t.sizes()) + " but the parameter is " +
-          c10::toString(param->scalar_type()) + c10::str(param->sizes()) +
+          where + ": '" + n + "' is " + detail::describe_tensor(t) +
+          " but the parameter is " + detail::describe_tensor(*param) +
           " (a checkpoint of another model?)");
     }
     v = t.defined() && param != nullptr ? t.to(param->device()) : t;
