@@ -40,7 +40,7 @@ if [ "${DDP_SKIP_DEBIAN:-0}" != 1 ] && [ $# -eq 0 ]; then
   # libtorch 1.13 stays supported: the library and the tests that pin its
   # numbers (DDP values, sampler indices against PyTorch 1.13, checkpoints,
   # the Python DDP 1.13 oracle). Tools and benchmarks are 2.13's business.
-  suites="distributed_data_parallel_test comm_hooks_test static_graph_test sync_batchnorm_test zero_redundancy_optimizer_test distributed_sampler_test checkpoint_test ddp_oracle_test"
+  suites="distributed_data_parallel_test comm_hooks_test static_graph_test sync_batchnorm_test zero_redundancy_optimizer_test flight_recorder_test distributed_sampler_test checkpoint_test ddp_oracle_test"
   DDP_CMAKE_ARGS="-DDDP_BUILD_TOOLS=OFF -DDDP_BUILD_BENCH=OFF" \
     DDP_BUILD_TARGETS="$suites checkpoint_writer" \
     run_suite debian build-debian -L "^(${suites// /|})\$" || status=1

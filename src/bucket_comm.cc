@@ -26,6 +26,7 @@ class FusedAllReduce : public BucketComm {
     CollectiveOptions copts{c_.group, c_.timeout};
     std::vector<at::Tensor> tensors{b.flat};
     c_.group->impl().monitor_step(b.iteration);
+    BucketScope scope(static_cast<int>(b.index));
     works_.at(b.index) = Work(start_work(
         copts,
         fmt::format("all_reduce of gradient bucket {} of {} (iteration {})", b.index, b.count,
@@ -62,6 +63,7 @@ class HookComm : public BucketComm {
       flags_.clear();
     }
     c_.group->impl().monitor_step(b.iteration);
+    BucketScope scope(static_cast<int>(b.index));
     results_.at(b.index) = run_hook(b);
     flags_.push_back(b.flags.to(at::kFloat));
     if (b.index + 1 == b.count) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -39,12 +40,22 @@ struct DdpEnv {
   std::string log_level;
   // DDP_LOG_RANK_PREFIX: false when 0 (ddprun prefixes the lines itself).
   bool log_rank_prefix = true;
+  // DDP_FLIGHT_RECORDER_DIR ("" when unset): where the flight recorder maps
+  // its rings (ddp/flight_recorder.h).
+  std::string flight_recorder_dir;
+  // DDP_FLIGHT_RECORDER_ENTRIES as set ("" when unset); checked by
+  // flight_recorder_entries().
+  std::string flight_recorder_entries_text;
 
   // DDP_STALL_WARNING_S in milliseconds; nullopt when unset or empty. Throws
   // InvalidArgument naming the variable when it is not a positive number of
   // seconds. Checked by its user (new_process_group), not by the read, so
   // that a bad value fails where it always has.
   std::optional<std::chrono::milliseconds> stall_warning() const;
+  // DDP_FLIGHT_RECORDER_ENTRIES, default 2000; 0 turns the recorder off.
+  // Throws InvalidArgument naming the variable when it is not a whole
+  // number in [0, 1048576].
+  uint32_t flight_recorder_entries() const;
 };
 
 DdpEnv read_ddp_env();

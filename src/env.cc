@@ -12,6 +12,7 @@
 #include "ddp/error.h"
 #include "ddp_env.h"
 #include "env_names.h"
+#include "flight/flight_format.h"
 
 namespace ddp {
 namespace {
@@ -276,8 +277,24 @@ DdpEnv read_ddp_env() {
   const std::string ifnames = env_str(kGlooSocketIfname);
   env.gloo_socket_ifname = ifnames.substr(0, ifnames.find(','));
   env.log_level = env_str(kLogLevel);
+  env.flight_recorder_dir = env_str(kFlightRecorderDir);
+  env.flight_recorder_entries_text = env_str(kFlightRecorderEntries);
   env.log_rank_prefix = env_str(kLogRankPrefix) != "0";
   return env;
+}
+
+uint32_t DdpEnv::flight_recorder_entries() const {
+  if (flight_recorder_entries_text.empty()) return flight::kDefaultCapacity;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(flight_recorder_entries_text.c_str(), &end, 10);
+  if (*end != '\0' || errno != 0 || v < 0 || v > flight::kMaxCapacity) {
+    throw InvalidArgument(fmt::format(
+        "environment variable {}='{}' is not a number of entries in [0, {}] (0 turns the flight "
+        "recorder off)",
+        kFlightRecorderEntries, flight_recorder_entries_text, flight::kMaxCapacity));
+  }
+  return static_cast<uint32_t>(v);
 }
 
 std::optional<std::chrono::milliseconds> DdpEnv::stall_warning() const {

@@ -38,6 +38,8 @@ inline constexpr char kDebug[] = "DDP_DEBUG";
 inline constexpr char kTorchDistributedDebug[] = "TORCH_DISTRIBUTED_DEBUG";
 inline constexpr char kStallWarningS[] = "DDP_STALL_WARNING_S";
 inline constexpr char kGlooSocketIfname[] = "GLOO_SOCKET_IFNAME";
+inline constexpr char kFlightRecorderDir[] = "DDP_FLIGHT_RECORDER_DIR";  // ddprun: its run directory
+inline constexpr char kFlightRecorderEntries[] = "DDP_FLIGHT_RECORDER_ENTRIES";
 
 // Written by ddprun for the program or its runtime, not read by libddp.
 inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";  // ddp-train reads it

@@ -18,6 +18,7 @@
 #include "ddp/error.h"
 #include "ddp/logging.h"
 #include "env_names.h"
+#include "flight/flight_recorder.h"
 #include "process_group_impl.h"
 
 namespace ddp {
@@ -120,12 +121,15 @@ std::string out_of_step_message(const std::string& gloo_text) {
         log(LogLevel::kError, "ddp: " + message);
         record_error_message("ddp::MismatchError: " + message);
         detail::publish_fatal_to_groups(message);  // Note [Last words]
+        flight::note_event_everywhere(("terminate: " + message).c_str());
       } else {
         record_error(e);
         detail::publish_fatal_to_groups(type + ": " + what);
+        flight::note_event_everywhere(("terminate: " + type + ": " + what).c_str());
       }
     } catch (...) {
       record_error_message("terminate called after an exception of unknown type");
+      flight::note_event_everywhere("terminate: an exception of unknown type");
     }
   }
   if (previous_handler != nullptr) previous_handler();

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <mutex>
 
@@ -34,6 +36,25 @@ void start_shared_memory(const InitOptions& o, const detail::Rendezvous& r,
     log(LogLevel::kWarning, "ddp: shared-memory all_reduce is off for this group (" +
                                 g.shm_off_reason + "); all_reduce goes through Gloo");
   }
+}
+
+// The flight recorder of the group (ddp/flight_recorder.h), after the
+// rendezvous: its file is named by the group and the rank.
+void start_flight_recorder(const InitOptions& o, const detail::Rendezvous& r, uint32_t entries,
+                           detail::ProcessGroupImpl& g) {
+  flight::RecorderSetup s;
+  s.dir = detail::read_ddp_env().flight_recorder_dir;
+  s.capacity = entries;
+  s.group = o.group_name;
+  s.backend = o.backend;
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  s.host = host;
+  s.rank = r.rank;
+  s.world_size = r.size;
+  s.local_rank = get_local_rank();
+  g.flight = flight::FlightRecorder::create(s);
+  if (g.flight) flight::install_signal_handlers();
 }
 
 std::mutex g_default_mu;
@@ -131,6 +152,8 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
     throw InvalidArgument(fmt::format(
         "InitOptions::gloo_threads must be >= 1 (got {})", options.gloo_threads));
   }
+  // Checked before the rendezvous, so that a bad value fails every rank at once.
+  const uint32_t flight_entries = detail::read_ddp_env().flight_recorder_entries();
   detail::Rendezvous r = detail::rendezvous(options);
   auto impl = std::make_unique<detail::ProcessGroupImpl>();
   impl->rank = r.rank;
@@ -162,6 +185,7 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
     impl->monitor = std::make_unique<detail::CollectiveMonitor>(
         r.store, r.publish_store, r.rank, r.size, monitoring);
   }
+  start_flight_recorder(options, r, flight_entries, *impl);
   return std::make_shared<ProcessGroup>(std::move(impl));
 }
 

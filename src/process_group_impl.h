@@ -13,6 +13,7 @@
 
 #include "collective_monitor.h"
 #include "compat/torch_compat.h"
+#include "flight/flight_recorder.h"
 #include "shm/shm_group.h"
 #include "tensor_text.h"
 #include "ddp/collectives.h"
@@ -33,6 +34,10 @@ struct ProcessGroupImpl {
   std::atomic<uint64_t> next_seq{0};
   // Stall inspector and debug-mode check (null for a group of one).
   std::unique_ptr<CollectiveMonitor> monitor;
+  // Flight recorder (ddp/flight_recorder.h; null when turned off).
+  std::unique_ptr<flight::FlightRecorder> flight;
+  // DistributedDataParallel's iteration of the last bucket started; -1: none.
+  std::atomic<int64_t> step{-1};
   // Intra-host shared-memory all_reduce (null: Gloo alone), and why not.
   std::unique_ptr<shm::ShmGroup> shm;
   std::string shm_off_reason;
@@ -45,8 +50,9 @@ struct ProcessGroupImpl {
   // backend is never destroyed (see ~ProcessGroup).
   std::atomic<bool> abandoned_work{false};
 
-  void monitor_step(int64_t step) {
-    if (monitor) monitor->set_step(step);
+  void monitor_step(int64_t iteration) {
+    step.store(iteration);
+    if (monitor) monitor->set_step(iteration);
   }
 
   // "all_reduce #12 on rank 1 of 2 (gloo)".
@@ -83,6 +89,8 @@ struct WorkImpl {
   std::string what;                     // describe() of the operation
   std::chrono::milliseconds timeout{0};
   std::function<void()> then;  // runs once after success (e.g. AVG's divide)
+  uint64_t flight_id = 0;      // the flight recorder's entry (when it has one)
+  bool stall_noted = false;    // a stall was noted in the flight record; guarded by mu
 
   std::mutex mu;
   bool finished = false;          // guarded by mu
@@ -90,6 +98,9 @@ struct WorkImpl {
   std::exception_ptr error;
 
   void wait();
+  // Marks the flight record's entry ended and notes `reason` (when not
+  // null) as an event of the group's recorder.
+  void record_end(flight::State state, const char* reason);
 
  private:
   void wait_with_stall_reports();
@@ -97,8 +108,22 @@ struct WorkImpl {
   std::exception_ptr with_last_words(const CommError& e) const;
 };
 
+// The gradient bucket whose communication the calling thread starts while
+// the scope lives (BucketComm::launch), for the flight records; -1 outside.
+class BucketScope {
+ public:
+  explicit BucketScope(int bucket);
+  ~BucketScope();
+  BucketScope(const BucketScope&) = delete;
+  BucketScope& operator=(const BucketScope&) = delete;
+
+ private:
+  int previous_;
+};
+
 // Starts a c10d operation: resolves the group and timeout from `options`,
-// numbers the operation, records it for the stall inspector, in debug mode
+// numbers the operation, records it for the stall inspector and the flight
+// recorder (with `fingerprint()` as its signature), in debug mode
 // checks `fingerprint()` (operation, shapes, dtypes) against the other ranks
 // (Note [Debug mode]), runs `start(backend, timeout)` and wraps the result.
 // `start`'s exceptions are translated like wait()'s.

@@ -15,6 +15,14 @@ namespace ddp {
 namespace detail {
 namespace {
 
+thread_local int t_bucket = -1;  // BucketScope
+
+// An event's reason for the flight record: its first 300 characters (the
+// record keeps 808 bytes for all its events).
+std::string event_text(const std::string& message) {
+  return message.size() <= 300 ? message : message.substr(0, 297) + "...";
+}
+
 bool contains_ci(std::string haystack, const std::string& needle) {
   std::transform(haystack.begin(), haystack.end(), haystack.begin(),
                  [](unsigned char c) { return std::tolower(c); });
@@ -22,6 +30,9 @@ bool contains_ci(std::string haystack, const std::string& needle) {
 }
 
 }  // namespace
+
+BucketScope::BucketScope(int bucket) : previous_(t_bucket) { t_bucket = bucket; }
+BucketScope::~BucketScope() { t_bucket = previous_; }
 
 void rethrow_as_comm_error(const std::string& what) {
   try {
@@ -99,17 +110,25 @@ std::shared_ptr<WorkImpl> start_work(
   w->seq = g.next_seq++;
   w->what = g.describe(op, w->seq);
   w->timeout = timeout;
+  const bool debug = g.monitor && g.monitor->debug();
+  const std::string signature = (g.flight || debug) && fingerprint ? fingerprint() : op;
+  if (g.flight) w->flight_id = g.flight->started(w->seq, op, signature, g.step.load(), t_bucket);
   if (g.monitor) {
     g.monitor->started(w->seq, w->what);
-    if (g.monitor->debug()) {
-      g.monitor->check_consistency(w->seq, w->what, fingerprint ? fingerprint() : op, timeout);
-    }
+    if (debug) g.monitor->check_consistency(w->seq, w->what, signature, timeout);
   }
   try {
     w->work = start(*g.backend, timeout);
   } catch (...) {
     if (g.monitor) g.monitor->finished(w->seq);
-    rethrow_as_comm_error(w->what);
+    try {
+      rethrow_as_comm_error(w->what);
+    } catch (const std::exception& e) {
+      w->record_end(dynamic_cast<const TimeoutError*>(&e) ? flight::State::kTimedOut
+                                                          : flight::State::kFailed,
+                    e.what());
+      throw;
+    }
   }
   return w;
 }
@@ -142,9 +161,22 @@ void WorkImpl::wait_with_stall_reports() {
           what, waited, report.empty() ? "" : ": ", report));
     }
     // Through ddp's logging: the rank prefix (or ddprun's), DDP_LOG_LEVEL.
-    ddp::log(LogLevel::kWarning, fmt::format("ddp: {} has waited {:.0f} s{}{}", what, waited,
-                                             report.empty() ? "" : ": ", report));
+    const std::string warning =
+        fmt::format("{} has waited {:.0f} s{}{}", what, waited, report.empty() ? "" : ": ", report);
+    ddp::log(LogLevel::kWarning, "ddp: " + warning);
+    auto& flight = group->impl().flight;
+    if (flight && !stall_noted) {
+      stall_noted = true;
+      flight->note_event(event_text("stall: " + warning).c_str());
+    }
   }
+}
+
+void WorkImpl::record_end(flight::State state, const char* reason) {
+  auto& flight = group->impl().flight;
+  if (!flight) return;
+  flight->ended(flight_id, state);
+  if (reason != nullptr) flight->note_event(event_text(reason).c_str());
 }
 
 // A peer's connection closed: if it left last words before dying (Note
@@ -175,17 +207,25 @@ void WorkImpl::wait() {
     try {
       wait_with_stall_reports();
       if (then) then();
+      record_end(flight::State::kCompleted, nullptr);
     } catch (...) {
       try {
         rethrow_as_comm_error(what);
       } catch (const TimeoutError& e) {
         group->impl().abandoned_work = true;
-        error = std::make_exception_ptr(TimeoutError(with_stall_report(e.what())));
+        TimeoutError full(with_stall_report(e.what()));
+        record_end(flight::State::kTimedOut, full.what());
+        error = std::make_exception_ptr(full);
       } catch (const CommError& e) {
         group->impl().abandoned_work = true;
         error = with_last_words(e);
+        record_end(flight::State::kFailed, e.what());
+      } catch (const std::exception& e) {
+        error = std::current_exception();
+        record_end(flight::State::kFailed, e.what());
       } catch (...) {
         error = std::current_exception();
+        record_end(flight::State::kFailed, "unknown exception");
       }
     }
     finished = true;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "flight/flight_trace.h"
+#include "flight/flight_recorder.h"
 #include "process_group_test_util.h"
 #include "support/oracle.h"
 
@@ -226,6 +228,30 @@ TEST(ProcessGroupProcesses, RankThatCrashesFailsTheOthersWithinTheTimeout) {
   // Gloo sees the closed connection (CommError) or waits out the timeout.
   EXPECT_TRUE(results[0].exit_code == 3 || results[0].exit_code == 4) << results[0].output;
   EXPECT_TRUE(has(results[0].output, "all_reduce #0 on rank 0 of 2 (gloo)")) << results[0].output;
+}
+
+// A fatal signal notes an event in the rank's flight record (whose mapped
+// file is current anyway) and still ends the process by that signal.
+TEST(ProcessGroupProcesses, FatalSignalIsNotedInTheFlightRecord) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  TempDir flight;
+  const std::string dir = "DDP_FLIGHT_RECORDER_DIR=" + flight.path();
+  auto results = run_ranks({{tcp_args(url, 0, 2, "3000", "segv"), {dir}},
+                            {tcp_args(url, 1, 2, "3000", "segv"), {dir}}},
+                           60);
+  EXPECT_EQ(results[1].exit_code, -1) << results[1].output;  // ended by the signal
+  EXPECT_NE(results[0].exit_code, 0) << results[0].output;
+  ddp::flight::RankTrace one =
+      ddp::flight::read_trace(flight.path() + "/" + ddp::flight::file_name("default", 1));
+  EXPECT_EQ(one.reason, "killed by signal 11 (SIGSEGV)");
+  ASSERT_FALSE(one.entries.empty());
+  EXPECT_EQ(one.entries.back().op, "all_reduce");
+  EXPECT_EQ(one.entries.back().state, ddp::flight::State::kCompleted);
+  std::vector<ddp::flight::RankTrace> both = ddp::flight::read_trace_dir(flight.path(), nullptr);
+  ASSERT_EQ(both.size(), 2u);
+  const std::string verdict = ddp::flight::verdict(both);
+  EXPECT_TRUE(has(verdict, "rank 1 is behind: the others issued #1 barrier [barrier]")) << verdict;
+  EXPECT_TRUE(has(verdict, "event: killed by signal 11 (SIGSEGV)")) << verdict;
 }
 
 TEST(ProcessGroupProcesses, RankThatStopsTakingPartTimesOutTheOthers) {

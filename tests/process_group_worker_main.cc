@@ -20,6 +20,8 @@
 //              group (its peers, in an all_reduce, see it go) and exits
 //              only 3 s later (a slow exit); the others fail at once
 //              (ddprun's Note [Root cause])
+//   segv       the all_reduce, then rank 1 raises SIGSEGV (the flight
+//              recorder's fatal-signal event); the others go on to barrier
 // then, for allreduce, a barrier and destroy_process_group().
 // Errors go to stderr as "error <Type>: <message>"; the exit code says the
 // type: 2 InvalidArgument, 3 TimeoutError, 4 CommError, 5 other,
@@ -27,6 +29,7 @@
 #include <ATen/ops/full.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -90,6 +93,7 @@ int run(int argc, char** argv) {
   ddp::all_reduce(t, ddp::ReduceOp::SUM, collective);
   std::printf("sum %g\n", t[0].item<double>());
   std::fflush(stdout);
+  if (action == "segv" && rank == 1) ::raise(SIGSEGV);
   ddp::barrier();  // rank 0 hosts the store: nobody leaves before the others
   ddp::destroy_process_group();
   return 0;

@@ -15,6 +15,9 @@
 //   logging.h                   rank-0 / rank-prefixed logging
 //   checkpoint.h                atomic rank-0 checkpoints
 //   error.h                     the error types and policy
+//   flight_recorder.h           which rank stopped where (ddp-trace)
+//   sync_batchnorm.h            SyncBatchNorm, convert_sync_batchnorm
+//   zero_redundancy_optimizer.h ZeroRedundancyOptimizer
 //
 // Not included: datasets/ (IDX files, Fashion-MNIST, the prefetching batch
 // loader, per-batch seeding), the data side of ddp-train, which a program
@@ -30,6 +33,7 @@
 #include "ddp/distributed_sampler.h"
 #include "ddp/env.h"
 #include "ddp/error.h"
+#include "ddp/flight_recorder.h"
 #include "ddp/join.h"
 #include "ddp/logging.h"
 #include "ddp/metrics.h"

@@ -8,7 +8,9 @@
 #include <cstring>
 
 #include "ddp/error.h"
+#include "env_names.h"
 #include "launcher/control.h"
+#include "launcher/flight_report.h"
 #include "launcher/group_support.h"
 #include "launcher/net.h"
 #include "launcher/relay.h"
@@ -34,6 +36,7 @@ struct Job {
     s.attempt = attempt;
     s.program_path = program;
     s.attempt_dir = dir.attempt_dir(attempt.restart_count);
+    s.attempt.flight_dir = flight_dir_of_attempt(s.attempt_dir);
     s.log_all_streams = !o.log_dir.empty();
     return s;
   }
@@ -50,12 +53,37 @@ bool restart_allowed(const LaunchOptions& o, int restart_count) {
   return true;
 }
 
+// The flight recorder's verdict over this node's ranks (flight_report.h).
+// The rings are in the user's DDP_FLIGHT_RECORDER_DIR, or in the attempt's
+// directory, copied to ./ddp_flight_<run directory>_attempt_<K> when the run
+// directory is temporary.
+void report_flight_records(const Job& job, int restart_count,
+                           const std::vector<WorkerResult>& local) {
+  const char* own = std::getenv(env_names::kFlightRecorderDir);
+  std::string dir, copy_to;
+  if (own != nullptr && *own != '\0') {
+    dir = own;
+  } else {
+    dir = flight_dir_of_attempt(job.dir.attempt_dir(restart_count));
+    if (!job.dir.kept()) {
+      const std::string& run = job.dir.path();
+      copy_to = fmt::format("ddp_flight_{}_attempt_{}", run.substr(run.rfind('/') + 1),
+                            restart_count);
+    }
+  }
+  std::vector<int> pids;
+  for (const WorkerResult& w : local) pids.push_back(static_cast<int>(w.pid));
+  const std::string text = flight_report(dir, copy_to, pids);
+  if (!text.empty()) write_all(STDERR_FILENO, "ddprun: " + text);
+}
+
 void print_summary(const Job& job, const FailureReport& root,
                    const std::vector<WorkerResult>& local,
                    std::vector<std::string> notes, int restart_count) {
   std::string title = fmt::format("{} failed (attempt {} of {})", job.o.program[0],
                                   restart_count + 1, job.o.max_restarts + 1);
   write_all(STDERR_FILENO, format_summary(title, root, local, notes));
+  report_flight_records(job, restart_count, local);
 }
 
 int single_node(const Job& job) {

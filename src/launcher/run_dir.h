@@ -25,6 +25,7 @@ class RunDir {
   RunDir& operator=(const RunDir&) = delete;
 
   const std::string& path() const { return path_; }
+  bool kept() const { return keep_; }  // false: removed when ddprun exits
   std::string attempt_dir(int restart_count) const;
 
  private:

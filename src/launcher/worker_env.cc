@@ -76,6 +76,11 @@ std::vector<std::string> worker_environment(const LaunchOptions& options,
   } else {
     env[kRendezvousFile] = attempt.store_file;
   }
+  // The flight recorder's rings go to the run directory, where ddprun reads
+  // them when the attempt fails; a user's own directory wins.
+  if (!attempt.flight_dir.empty() && !is_set(env, kFlightRecorderDir)) {
+    env[kFlightRecorderDir] = attempt.flight_dir;
+  }
   // Rank 0 hosts the store itself; an inherited value (ddprun under
   // torchrun) would send the workers looking for an agent store.
   env.erase(kUseAgentStore);

@@ -22,6 +22,9 @@ struct AttemptInfo {
   // where ddp programs rendezvous instead of a TCP store, so that nothing
   // listens on the network (DDP_RENDEZVOUS_FILE). Empty otherwise.
   std::string store_file;
+  // DDP_FLIGHT_RECORDER_DIR for the workers unless the user set it
+  // (flight_report.h). Empty: none.
+  std::string flight_dir;
 };
 
 // Where one worker's console output goes (worker_group.cc decides).

@@ -117,6 +117,19 @@ TEST(LauncherWorkerEnv, RendezvousFileIsTheAttemptsOnly) {
   EXPECT_THAT(env, Not(Contains("DDP_RENDEZVOUS_FILE=/outer.store")));
 }
 
+TEST(LauncherWorkerEnv, FlightRecorderDirIsTheAttemptsUnlessTheUserSetOne) {
+  LaunchOptions o;
+  AttemptInfo a{0, "127.0.0.1", 29500};
+  a.flight_dir = "/run/attempt_0/flight";
+  const char* none[] = {nullptr};
+  EXPECT_THAT(worker_environment(o, 0, a, "/e", none),
+              Contains("DDP_FLIGHT_RECORDER_DIR=/run/attempt_0/flight"));
+  const char* own[] = {"DDP_FLIGHT_RECORDER_DIR=/mine", nullptr};
+  auto env = worker_environment(o, 0, a, "/e", own);
+  EXPECT_THAT(env, Contains("DDP_FLIGHT_RECORDER_DIR=/mine"));
+  EXPECT_THAT(env, Not(Contains("DDP_FLIGHT_RECORDER_DIR=/run/attempt_0/flight")));
+}
+
 TEST(LauncherWorkerEnv, LegacyArgumentGoesRightAfterTheProgram) {
   LaunchOptions o;
   o.program = {"train", "--lr", "0.1"};

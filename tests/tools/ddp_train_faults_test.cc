@@ -1,9 +1,14 @@
 // Failures of a real 2-rank training through ddprun (ddp-train --fault):
-// a rank crashing inside backward, killed by SIGKILL, stopped by SIGSTOP.
-// The launcher must exit non-zero within a bound, name the failed rank, and
-// leave nothing running; with --max-restarts the run that lost a rank
-// finishes with exactly the parameters of an uninterrupted run.
+// a rank crashing inside backward, killed by SIGKILL, stopped by SIGSTOP,
+// skipping a collective (3 ranks). The launcher must exit non-zero within a
+// bound, name the failed rank, and leave nothing running; the flight
+// recorder's verdict (ddprun's and ddp-trace's) must name the rank that is
+// behind or out of step and the collective; with --max-restarts the run
+// that lost a rank finishes with exactly the parameters of an uninterrupted
+// run.
 #include <gtest/gtest.h>
+
+#include <dirent.h>
 
 #include <fstream>
 
@@ -28,11 +33,19 @@ class DdpTrainFaults : public ::testing::Test {
     kill_processes_with_tag(tag_);
     if (!dir_.empty()) remove_tree(dir_);
   }
-  // 2 ranks, 1280 training images: 10 steps of 2 x 64 per epoch.
+  // 2 ranks, 1280 training images: 10 steps of 2 x 64 per epoch. The
+  // flight records go to dir_/flight unless `cwd` is given: then ddprun runs
+  // there with its default (records copied into its working directory).
   ProcessResult train(const std::string& out, std::vector<std::string> extra,
-                      std::vector<std::string> launcher_flags = {}) {
-    std::vector<std::string> argv = {DDPRUN_PATH, "--standalone", "--nproc-per-node", "2",
-                                     "--grace-period", "2"};
+                      std::vector<std::string> launcher_flags = {}, const std::string& cwd = "",
+                      int nproc = 2) {
+    std::vector<std::string> argv;
+    if (!cwd.empty()) argv = {"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", cwd};
+    for (const std::string& a : {std::string(DDPRUN_PATH), std::string("--standalone"),
+                                 std::string("--nproc-per-node"), std::to_string(nproc),
+                                 std::string("--grace-period"), std::string("2")}) {
+      argv.push_back(a);
+    }
     argv.insert(argv.end(), launcher_flags.begin(), launcher_flags.end());
     for (const char* a : {DDP_TRAIN_PATH, "--train-samples", "1280", "--test-samples", "200",
                           "--epochs", "2", "--no-plot", "--timeout", "8"}) {
@@ -41,16 +54,41 @@ class DdpTrainFaults : public ::testing::Test {
     argv.insert(argv.end(), {"--out-dir", out});
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto start = std::chrono::steady_clock::now();
-    ProcessResult r = run_process(argv, {tag_}, 240);
+    std::vector<std::string> env = {tag_};
+    env.push_back(cwd.empty() ? "DDP_FLIGHT_RECORDER_DIR=" + dir_ + "/flight"
+                              : std::string("-DDP_FLIGHT_RECORDER_DIR"));
+    ProcessResult r = run_process(argv, env, 240);
     took_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return r;
   }
   void expect_nothing_left() {
     EXPECT_TRUE(processes_with_tag(tag_, 5.0).empty()) << "workers survived the launcher";
   }
+  // ddp-trace's verdict over `dir` (stdout; stderr appended on failure).
+  std::string trace(const std::string& dir) {
+    ProcessResult r = run_process({DDP_TRACE_PATH, dir}, {}, 30);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.out;
+  }
   std::string dir_, tag_;
   double took_ = 0;
 };
+
+// The entries of `dir` whose names start with `prefix`.
+std::vector<std::string> entries_of(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) out.push_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 TEST_F(DdpTrainFaults, CrashInBackwardIsNamedAndStopsTheJob) {
   ProcessResult r = train(dir_ + "/a", {"--fault", "crash-in-backward", "--fault-step", "3"});
@@ -63,11 +101,46 @@ TEST_F(DdpTrainFaults, CrashInBackwardIsNamedAndStopsTheJob) {
 }
 
 TEST_F(DdpTrainFaults, SigkillIsNamed) {
-  ProcessResult r = train(dir_ + "/a", {"--fault", "sigkill", "--fault-step", "4"});
+  // ddprun's defaults: the rings in its temporary run directory, copied
+  // into its working directory when the attempt fails.
+  ProcessResult r =
+      train(dir_ + "/a", {"--fault", "sigkill", "--fault-step", "4"}, {}, dir_);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("SIGKILL"), std::string::npos) << r.err;
   EXPECT_FALSE(lines_with(r.err, "rank 1").empty()) << r.err;
   EXPECT_LT(took_, 60.0);
+  expect_nothing_left();
+  // Killed before step 4's backward: rank 0 went on into a gradient bucket's
+  // all_reduce that rank 1 never started; rank 1's ring (a mapped file)
+  // survived its SIGKILL.
+  EXPECT_TRUE(has(r.err, "rank 1 is behind: the others issued #")) << r.err;
+  EXPECT_TRUE(has(r.err, "all_reduce of gradient bucket 0 of 2 (iteration 3)")) << r.err;
+  std::vector<std::string> kept = entries_of(dir_, "ddp_flight_ddprun_");
+  ASSERT_EQ(kept.size(), 1u) << r.err;
+  EXPECT_TRUE(has(kept[0], "_attempt_0")) << kept[0];
+  EXPECT_TRUE(has(r.err, "flight records of this node's ranks in " + kept[0])) << r.err;
+  EXPECT_EQ(entries_of(dir_ + "/" + kept[0], "ddp_flight_default_rank").size(), 2u);
+  std::string verdict = trace(dir_ + "/" + kept[0]);
+  EXPECT_TRUE(has(verdict, "rank 1 is behind: the others issued #")) << verdict;
+  EXPECT_TRUE(has(verdict, "rank 1 (pid ")) << verdict;
+  EXPECT_TRUE(has(verdict, "no event noted")) << verdict;
+}
+
+TEST_F(DdpTrainFaults, SkippedCollectiveIsNamedByTheFlightRecorder) {
+  // 3 ranks: ranks 0 and 2 call barrier() at step 4, rank 1 skips it and
+  // goes on to the next step's buffer broadcast; all time out (--timeout 8).
+  ProcessResult r = train(dir_ + "/a", {"--fault", "skip-collective", "--fault-step", "4"}, {},
+                          "", 3);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_TRUE(has(r.err, "differs across ranks: a rank skipped, added or reordered a collective. "
+                         "rank 1 is the odd one out"))
+      << r.err;
+  EXPECT_TRUE(has(r.err, "rank 0 issued #")) << r.err;
+  EXPECT_TRUE(has(r.err, " barrier [barrier, step ")) << r.err;
+  std::string verdict = trace(dir_ + "/flight");
+  EXPECT_TRUE(has(verdict, "rank 1 is the odd one out")) << verdict;
+  EXPECT_LT(took_, 90.0);
   expect_nothing_left();
 }
 
@@ -86,6 +159,14 @@ TEST_F(DdpTrainFaults, StoppedRankTimesOutTheOtherWhichNamesIt) {
       << all;
   EXPECT_LT(took_, 90.0);
   expect_nothing_left();
+  // The flight recorder says the same from the rings: rank 0 timed out in a
+  // gradient bucket's all_reduce that the stopped rank 1 never started.
+  EXPECT_TRUE(has(r.err, "rank 1 is behind: the others issued #")) << r.err;
+  EXPECT_TRUE(has(r.err, "all_reduce of gradient bucket 0 of 2 (iteration 3)")) << r.err;
+  EXPECT_TRUE(has(r.err, "rank 0 timed out in it after 8.")) << r.err;
+  std::string verdict = trace(dir_ + "/flight");
+  EXPECT_TRUE(has(verdict, "rank 1 is behind")) << verdict;
+  EXPECT_TRUE(has(verdict, "rank 0 timed out in it")) << verdict;
 }
 
 TEST_F(DdpTrainFaults, RestartAfterALostRankEndsLikeAnUninterruptedRun) {

@@ -128,8 +128,10 @@ TrainConfig parse_args(int argc, char** argv) {
       ->check(integer_at_least(0));
   app.add_flag("--no-plot", c.no_plot, "Do not draw metrics.png");
   auto* faults = app.add_option_group("Fault injection", "For testing failure handling");
-  faults->add_option("--fault", c.fault, "crash-in-backward, sigkill, sigstop or exit")
-      ->check(CLI::IsMember({"crash-in-backward", "sigkill", "sigstop", "exit"}));
+  faults->add_option("--fault", c.fault,
+                     "crash-in-backward, sigkill, sigstop, exit, or skip-collective (every other "
+                     "rank calls barrier() at the step; this one skips it)")
+      ->check(CLI::IsMember({"crash-in-backward", "sigkill", "sigstop", "exit", "skip-collective"}));
   faults->add_option("--fault-rank", c.fault_rank, "Rank that fails");
   faults->add_option("--fault-step", c.fault_step, "Optimizer step (1-based) at which it fails")
       ->check(integer_at_least(1));

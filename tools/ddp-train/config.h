@@ -41,7 +41,8 @@ struct TrainConfig {
   // fault_step (1-based) on rank fault_rank, in launcher attempt
   // fault_attempt (TORCHELASTIC_RESTART_COUNT; -1: every attempt):
   // "crash-in-backward" (abort() inside backward), "sigkill", "sigstop",
-  // "exit" (exit code 3).
+  // "exit" (exit code 3), "skip-collective" (every other rank calls
+  // barrier(), this one skips it: the flight recorder's test).
   std::string fault;
   int fault_rank = 1;
   int64_t fault_step = 3;

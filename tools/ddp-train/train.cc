@@ -216,6 +216,21 @@ void evaluate(Run& r, EpochRecord& rec) {
   r.model->train();
 }
 
+// --fault skip-collective: at the step, every rank but the fault rank calls
+// barrier(), which the fault rank skips: the ranks are out of step.
+void inject_collective_fault(Run& r) {
+  const TrainConfig& c = r.config;
+  if (c.fault != "skip-collective" || r.step + 1 != c.fault_step) return;
+  if (c.fault_attempt >= 0 && r.launch.restart_count != c.fault_attempt) return;
+  if (r.rank != c.fault_rank) {
+    ddp::barrier();
+    return;
+  }
+  log(LogLevel::kWarning, fmt::format("ddp-train: injecting fault 'skip-collective' at step {}: "
+                                      "skipping the barrier the other ranks call",
+                                      c.fault_step));
+}
+
 // --fault: fails this rank at the configured step (see config.h).
 void inject_fault(Run& r, at::Tensor& out) {
   const TrainConfig& c = r.config;
@@ -289,6 +304,7 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
     at::Tensor x = b->data.to(r.device), y = b->target.to(r.device);
     r.optimizer->zero_grad();
     set_learning_rate(r);
+    inject_collective_fault(r);
     at::Tensor out = (*r.model)(x);
     inject_fault(r, out);
     at::Tensor loss = at::cross_entropy_loss(out, y);

@@ -1,0 +1,305 @@
+// The flight recorder's writer: see flight_recorder.h and Note [Flight ring].
+#include "flight/flight_recorder.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ddp/error.h"
+#include "ddp/flight_recorder.h"
+
+namespace ddp::flight {
+namespace {
+
+int64_t now_us() noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);  // async-signal-safe
+  return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
+// Copies `s` into the NUL-terminated field `dst` of `n` bytes, cutting it
+// with "..." when it does not fit.
+void copy_cut(char* dst, size_t n, std::string_view s) noexcept {
+  if (s.size() < n) {
+    std::memcpy(dst, s.data(), s.size());
+    dst[s.size()] = '\0';
+    return;
+  }
+  std::memcpy(dst, s.data(), n - 4);
+  std::memcpy(dst + n - 4, "...", 4);
+}
+
+// Appends "; " (when not first) and `s` to the NUL-terminated `dst` of `n`
+// bytes, as far as room lasts. Async-signal-safe.
+void append(char* dst, size_t n, const char* s) noexcept {
+  size_t len = ::strnlen(dst, n - 1);
+  auto put = [&](const char* p) {
+    while (*p != '\0' && len + 1 < n) dst[len++] = *p++;
+  };
+  if (len > 0) put("; ");
+  put(s);
+  dst[len] = '\0';
+}
+
+// write(2) of all `n` bytes. Async-signal-safe.
+bool write_all(int fd, const char* p, size_t n) noexcept {
+  while (n > 0) {
+    ssize_t k = ::write(fd, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+void make_directories(const std::string& dir) {
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      const std::string prefix = dir.substr(0, i);
+      if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+        throw InvalidArgument(fmt::format(
+            "flight recorder: cannot create directory '{}' ({}): set DDP_FLIGHT_RECORDER_DIR to "
+            "a writable directory, or DDP_FLIGHT_RECORDER_ENTRIES=0 to turn the recorder off",
+            prefix, std::strerror(errno)));
+      }
+    }
+  }
+}
+
+// The live recorders, for signal handlers: lock-free slots.
+constexpr int kSlots = 256;
+std::atomic<FlightRecorder*> g_slots[kSlots];
+
+void enlist(FlightRecorder* r) {
+  for (auto& slot : g_slots) {
+    FlightRecorder* expected = nullptr;
+    if (slot.compare_exchange_strong(expected, r)) return;
+  }
+  // More than kSlots live groups: this one records, but only its own
+  // collectives' events reach it.
+}
+
+void delist(FlightRecorder* r) {
+  for (auto& slot : g_slots) {
+    FlightRecorder* expected = r;
+    if (slot.compare_exchange_strong(expected, nullptr)) return;
+  }
+}
+
+}  // namespace
+
+std::string file_name(const std::string& group, int rank) {
+  std::string g = group;
+  for (char& c : g) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '-' || c == '_';
+    if (!ok) c = '_';
+  }
+  return fmt::format("{}{}_rank{}{}", kFilePrefix, g, rank, kFileSuffix);
+}
+
+std::unique_ptr<FlightRecorder> FlightRecorder::create(const RecorderSetup& setup) {
+  if (setup.capacity == 0) return nullptr;
+  std::unique_ptr<FlightRecorder> r(new FlightRecorder());
+  r->bytes_ = ring_bytes(setup.capacity);
+  const std::string name = file_name(setup.group, setup.rank);
+  void* base = MAP_FAILED;
+  if (!setup.dir.empty()) {
+    make_directories(setup.dir);
+    r->path_ = setup.dir + "/" + name;
+    // Never truncate a file another process may have mapped (a second job
+    // sharing the directory would then fault on its mapping): the old file
+    // is unlinked and a new one made, exclusively.
+    int fd = -1;
+    for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+      ::unlink(r->path_.c_str());
+      fd = ::open(r->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd < 0 && errno != EEXIST) break;
+    }
+    struct stat st {};
+    if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(r->bytes_)) == 0 && ::fstat(fd, &st) == 0) {
+      base = ::mmap(nullptr, r->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    if (base == MAP_FAILED) {
+      throw InvalidArgument(fmt::format(
+          "flight recorder: cannot create '{}' ({}): set DDP_FLIGHT_RECORDER_DIR to a writable "
+          "directory, or DDP_FLIGHT_RECORDER_ENTRIES=0 to turn the recorder off",
+          r->path_, std::strerror(err)));
+    }
+    r->device_ = st.st_dev;
+    r->inode_ = st.st_ino;
+    r->mapped_ = true;
+  } else {
+    r->path_ = setup.dump_dir + "/" + name;
+    r->tmp_path_ = fmt::format("{}.tmp{}", r->path_, ::getpid());
+    base = ::mmap(nullptr, r->bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) throw std::bad_alloc();
+  }
+  std::memset(base, 0, r->bytes_);
+  r->header_ = static_cast<Header*>(base);
+  r->entries_ = reinterpret_cast<Entry*>(static_cast<char*>(base) + sizeof(Header));
+  Header& h = *r->header_;
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.version = kVersion;
+  h.header_size = sizeof(Header);
+  h.entry_size = sizeof(Entry);
+  h.capacity = setup.capacity;
+  h.rank = setup.rank;
+  h.world_size = setup.world_size;
+  h.local_rank = setup.local_rank;
+  h.pid = static_cast<int32_t>(::getpid());
+  h.created_us = now_us();
+  copy_cut(h.group, sizeof(h.group), setup.group);
+  copy_cut(h.backend, sizeof(h.backend), setup.backend);
+  copy_cut(h.host, sizeof(h.host), setup.host);
+  enlist(r.get());
+  return r;
+}
+
+FlightRecorder::~FlightRecorder() {
+  delist(this);
+  // A mapped ring of a group that ends without an event is not evidence of
+  // anything: removed, so that a successful run leaves no files; unless
+  // the name now holds another process's ring.
+  struct stat st {};
+  if (mapped_ && header_->events.load() == 0 && ::stat(path_.c_str(), &st) == 0 &&
+      st.st_dev == device_ && st.st_ino == inode_) {
+    ::unlink(path_.c_str());
+  }
+  ::munmap(header_, bytes_);
+}
+
+uint64_t FlightRecorder::started(uint64_t seq, std::string_view op, std::string_view signature,
+                                 int64_t step, int bucket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = header_->written.load(std::memory_order_relaxed);
+  Entry& e = entries_[id % header_->capacity];
+  e.guard.fetch_add(1, std::memory_order_acq_rel);  // odd: being written
+  e.state = static_cast<uint32_t>(State::kStarted);
+  e.id = id;
+  e.seq = seq;
+  e.step = step;
+  e.bucket = bucket;
+  e.start_us = now_us();
+  e.end_us = 0;
+  copy_cut(e.op, sizeof(e.op), op);
+  copy_cut(e.signature, sizeof(e.signature), signature);
+  e.guard.fetch_add(1, std::memory_order_release);
+  header_->written.store(id + 1, std::memory_order_release);
+  return id;
+}
+
+void FlightRecorder::ended(uint64_t id, State state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& e = entries_[id % header_->capacity];
+  if (e.id != id || e.state != static_cast<uint32_t>(State::kStarted)) return;
+  e.guard.fetch_add(1, std::memory_order_acq_rel);
+  e.state = static_cast<uint32_t>(state);
+  e.end_us = now_us();
+  e.guard.fetch_add(1, std::memory_order_release);
+}
+
+bool FlightRecorder::note_event(const char* reason) noexcept {
+  Header& h = *header_;
+  if (h.events.fetch_add(1) == 0) h.event_us = now_us();
+  append(h.reason, sizeof(h.reason), reason);
+  if (mapped_) return true;  // the file is the ring
+  int fd = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  bool ok = write_all(fd, reinterpret_cast<const char*>(header_), bytes_);
+  ok = ::close(fd) == 0 && ok;
+  if (!ok || ::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    ::unlink(tmp_path_.c_str());
+    return false;
+  }
+  return true;
+}
+
+void note_event_everywhere(const char* reason) noexcept {
+  for (auto& slot : g_slots) {
+    if (FlightRecorder* r = slot.load()) r->note_event(reason);
+  }
+}
+
+std::vector<std::string> live_paths() {
+  std::vector<std::string> out;
+  for (auto& slot : g_slots) {
+    if (FlightRecorder* r = slot.load()) out.push_back(r->path());
+  }
+  return out;
+}
+
+namespace {
+
+const char* fatal_reason(int sig) noexcept {
+  switch (sig) {
+    case SIGSEGV: return "killed by signal 11 (SIGSEGV)";
+    case SIGBUS: return "killed by signal 7 (SIGBUS)";
+    case SIGILL: return "killed by signal 4 (SIGILL)";
+    case SIGFPE: return "killed by signal 8 (SIGFPE)";
+    case SIGABRT: return "killed by signal 6 (SIGABRT)";
+    default: return "killed by a signal";
+  }
+}
+
+void on_fatal_signal(int sig) {
+  const int saved = errno;
+  note_event_everywhere(fatal_reason(sig));
+  errno = saved;
+  // SA_RESETHAND restored the default action; the signal, blocked while
+  // this runs, is delivered again on return and ends the process as it
+  // would have without us.
+  ::raise(sig);
+}
+
+void on_sigusr1(int) {
+  const int saved = errno;
+  note_event_everywhere("SIGUSR1: a dump was requested");
+  errno = saved;
+}
+
+void install_if_default(int sig, void (*handler)(int), int flags) {
+  struct sigaction old {};
+  if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL ||
+      (old.sa_flags & SA_SIGINFO) != 0) {
+    return;  // the program (or a sanitizer) handles it
+  }
+  struct sigaction sa {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = flags;
+  ::sigaction(sig, &sa, nullptr);
+}
+
+}  // namespace
+
+void install_signal_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    install_if_default(SIGUSR1, on_sigusr1, SA_RESTART);
+    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) {
+      install_if_default(sig, on_fatal_signal, SA_RESETHAND);
+    }
+  });
+}
+
+}  // namespace ddp::flight
+
+namespace ddp {
+
+std::vector<std::string> dump_flight_recorder(const std::string& reason) {
+  flight::note_event_everywhere(reason.c_str());
+  return flight::live_paths();
+}
+
+}  // namespace ddp

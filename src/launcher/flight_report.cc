@@ -1,0 +1,79 @@
+#include "launcher/flight_report.h"
+
+#include <dirent.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <vector>
+
+#include "flight/flight_format.h"
+#include "flight/flight_trace.h"
+#include "launcher/group_support.h"
+
+namespace ddp::launcher {
+namespace {
+
+// Copies the ring files of `from` into `to` (created). Returns "" or why not.
+std::string copy_rings(const std::vector<flight::RankTrace>& traces, const std::string& to) {
+  try {
+    make_directories(to);
+    for (const flight::RankTrace& t : traces) {
+      const std::string name = t.path.substr(t.path.rfind('/') + 1);
+      std::ifstream in(t.path, std::ios::binary);
+      std::ofstream out(to + "/" + name, std::ios::binary | std::ios::trunc);
+      out << in.rdbuf();
+      if (!out.flush()) return fmt::format("could not write {}/{}", to, name);
+    }
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string flight_dir_of_attempt(const std::string& attempt_dir) {
+  return attempt_dir + "/flight";
+}
+
+std::string flight_report(const std::string& dir, const std::string& copy_to,
+                          const std::vector<int>& pids) {
+  std::vector<flight::RankTrace> traces;
+  std::vector<std::string> skipped;
+  try {
+    traces = flight::read_trace_dir(dir, &skipped);
+  } catch (const std::exception&) {
+    return "";  // no directory: no ddp process group was created
+  }
+  traces.erase(std::remove_if(traces.begin(), traces.end(),
+                              [&](const flight::RankTrace& t) {
+                                return std::find(pids.begin(), pids.end(), t.pid) == pids.end();
+                              }),
+               traces.end());
+  if (traces.empty() && skipped.empty()) return "";
+  std::string kept = dir;
+  std::string out;
+  if (!copy_to.empty()) {
+    const std::string error = copy_rings(traces, copy_to);
+    if (error.empty()) {
+      kept = copy_to;
+    } else {
+      out += fmt::format("could not keep the flight records: {}\n", error);
+    }
+  }
+  out += fmt::format("flight records of this node's ranks in {} (ddp-trace {} says the same; "
+                     "--json for every collective):\n",
+                     kept, kept);
+  std::string text = flight::verdict(traces);
+  for (size_t start = 0; start < text.size();) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    out += "  " + text.substr(start, end - start) + "\n";
+    start = end + 1;
+  }
+  for (const std::string& s : skipped) out += "  skipped " + s + "\n";
+  return out;
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,70 @@
+// ddp-trace: the verdict over the flight records of a failed or hung job.
+//
+//   ddp-trace ./ddp_flight_ddprun_job_x1Y2_attempt_0     (a directory)
+//   ddp-trace rank0.bin rank1.bin                          (files; hosts' copies)
+//   ddp-trace --json DIR                                    (every collective)
+//
+// Exit status: 0 when it read at least one record, 2 otherwise (bad usage,
+// nothing readable).
+#include <CLI/CLI.hpp>
+#include <sys/stat.h>
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "flight/flight_trace.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "ddp-trace: which rank is behind, on which collective, and what the others wait for, "
+      "from the flight records (ddp_flight_<group>_rank<R>.bin) of every rank"};
+  std::vector<std::string> paths;
+  bool json = false, all = false;
+  app.add_option("paths", paths,
+                 "Directories holding flight records (DDP_FLIGHT_RECORDER_DIR, or the one ddprun "
+                 "names after a failure) or record files; several hosts' copies may be mixed")
+      ->required();
+  app.add_flag("--json", json, "Print every entry of every rank as JSON instead of the verdict");
+  app.add_flag("--all", all, "After the verdict, every rank's entries, oldest first");
+  CLI11_PARSE(app, argc, argv);
+  std::vector<ddp::flight::RankTrace> traces;
+  std::vector<std::string> problems;
+  for (const std::string& p : paths) {
+    struct stat st{};
+    if (::stat(p.c_str(), &st) != 0) {
+      problems.push_back(p + ": no such file or directory");
+      continue;
+    }
+    try {
+      if (S_ISDIR(st.st_mode)) {
+        auto more = ddp::flight::read_trace_dir(p, &problems);
+        if (more.empty()) problems.push_back(p + ": no ddp_flight_*.bin file in it");
+        traces.insert(traces.end(), more.begin(), more.end());
+      } else {
+        traces.push_back(ddp::flight::read_trace(p));
+      }
+    } catch (const std::exception& e) {
+      problems.push_back(e.what());
+    }
+  }
+  for (const std::string& p : problems) std::cerr << "ddp-trace: " << p << "\n";
+  if (traces.empty()) {
+    std::cerr << "ddp-trace: no flight record read. Records are written under "
+                 "DDP_FLIGHT_RECORDER_DIR (ddprun: its run directory, kept after a failure), "
+                 "or the working directory at an event\n";
+    return 2;
+  }
+  if (json) {
+    std::cout << ddp::flight::to_json(traces) << "\n";
+    return 0;
+  }
+  std::cout << ddp::flight::verdict(traces);
+  if (all) {
+    for (const auto& t : traces) {
+      std::cout << "\n" << t.group << " rank " << t.rank << " (" << t.path << "):\n";
+      for (const auto& e : t.entries) std::cout << "  " << ddp::flight::describe_entry(e) << "\n";
+    }
+  }
+  return 0;
+}
