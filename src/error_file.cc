@@ -120,12 +120,12 @@ std::string out_of_step_message(const std::string& gloo_text) {
         const std::string message = out_of_step_message(what);
         log(LogLevel::kError, "ddp: " + message);
         record_error_message("ddp::MismatchError: " + message);
+        // The flight record first: publishing goes through the store.
+        flight::note_event_everywhere(("terminate: " + message.substr(0, 300)).c_str());
         detail::publish_fatal_to_groups(message);  // Note [Last words]
-        flight::note_event_everywhere(("terminate: " + message).c_str());
       } else {
         record_error(e);
         detail::publish_fatal_to_groups(type + ": " + what);
-        flight::note_event_everywhere(("terminate: " + type + ": " + what).c_str());
       }
     } catch (...) {
       record_error_message("terminate called after an exception of unknown type");
@@ -142,6 +142,9 @@ bool record_error(const std::exception& e) noexcept {
   try {
     const std::string what = compat::what_without_backtrace(e);
     const std::string message = type_name(e) + ": " + what;
+    // A failure the program reports keeps its flight records (a ring
+    // without an event is removed with its group).
+    flight::note_event_everywhere(("error: " + message.substr(0, 300)).c_str());
     return write_error_file(message, message);
   } catch (...) {
     return false;
@@ -150,6 +153,7 @@ bool record_error(const std::exception& e) noexcept {
 
 bool record_error_message(const std::string& message) noexcept {
   try {
+    flight::note_event_everywhere(("error: " + message.substr(0, 300)).c_str());
     return write_error_file(message, message);
   } catch (...) {
     return false;

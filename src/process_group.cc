@@ -153,7 +153,11 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
         "InitOptions::gloo_threads must be >= 1 (got {})", options.gloo_threads));
   }
   // Checked before the rendezvous, so that a bad value fails every rank at once.
-  const uint32_t flight_entries = detail::read_ddp_env().flight_recorder_entries();
+  const detail::DdpEnv env = detail::read_ddp_env();
+  const uint32_t flight_entries = env.flight_recorder_entries();
+  if (flight_entries > 0 && !env.flight_recorder_dir.empty()) {
+    flight::prepare_directory(env.flight_recorder_dir);
+  }
   detail::Rendezvous r = detail::rendezvous(options);
   auto impl = std::make_unique<detail::ProcessGroupImpl>();
   impl->rank = r.rank;

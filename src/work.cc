@@ -113,11 +113,11 @@ std::shared_ptr<WorkImpl> start_work(
   const bool debug = g.monitor && g.monitor->debug();
   const std::string signature = (g.flight || debug) && fingerprint ? fingerprint() : op;
   if (g.flight) w->flight_id = g.flight->started(w->seq, op, signature, g.step.load(), t_bucket);
-  if (g.monitor) {
-    g.monitor->started(w->seq, w->what);
-    if (debug) g.monitor->check_consistency(w->seq, w->what, signature, timeout);
-  }
   try {
+    if (g.monitor) {
+      g.monitor->started(w->seq, w->what);
+      if (debug) g.monitor->check_consistency(w->seq, w->what, signature, timeout);
+    }
     w->work = start(*g.backend, timeout);
   } catch (...) {
     if (g.monitor) g.monitor->finished(w->seq);

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "ddp/collectives.h"
@@ -49,13 +50,22 @@ struct TempDir {
   }
 };
 
-// Sets an environment variable for the scope (before the ranks start).
+// Sets an environment variable for the scope (before the ranks start),
+// then restores it.
 struct EnvGuard {
   std::string name;
+  std::optional<std::string> old;
   EnvGuard(std::string n, const std::string& value) : name(std::move(n)) {
+    if (const char* v = std::getenv(name.c_str())) old = v;
     ::setenv(name.c_str(), value.c_str(), 1);
   }
-  ~EnvGuard() { ::unsetenv(name.c_str()); }
+  ~EnvGuard() {
+    if (old) {
+      ::setenv(name.c_str(), old->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
 };
 
 bool exists(const std::string& path) {
@@ -247,6 +257,24 @@ TEST(FlightRecorder, Sigusr1WritesTheRingsAndTheProcessGoesOn) {
             "SIGUSR1: a dump was requested; checkpoint taken");
 }
 
+TEST(FlightRecorder, TwoLiveGroupsOfOneNameGetTwoFiles) {
+  TempDir dir;
+  flight::RecorderSetup s = anonymous(dir, 4);
+  s.dir = dir.path;
+  auto a = flight::FlightRecorder::create(s);
+  auto b = flight::FlightRecorder::create(s);
+  EXPECT_TRUE(a->mapped());
+  EXPECT_EQ(a->path(), dir.path + "/ddp_flight_g_x_rank3.bin");
+  EXPECT_EQ(b->path(), dir.path + "/ddp_flight_g_x_rank3.1.bin");
+  a->started(0, "barrier", "barrier", -1, -1);
+  b->started(0, "all_reduce", "all_reduce SUM float32[1]", -1, -1);
+  EXPECT_EQ(flight::read_trace(a->path()).entries.at(0).op, "barrier");
+  EXPECT_EQ(flight::read_trace(b->path()).entries.at(0).op, "all_reduce");
+  b.reset();  // no event: its file goes, the other's stays
+  EXPECT_FALSE(exists(dir.path + "/ddp_flight_g_x_rank3.1.bin"));
+  EXPECT_TRUE(exists(a->path()));
+}
+
 TEST(FlightTrace, NotAFlightRecordIsNamed) {
   TempDir dir;
   const std::string path = dir.path + "/ddp_flight_x_rank0.bin";
@@ -261,6 +289,20 @@ TEST(FlightTrace, NotAFlightRecordIsNamed) {
   EXPECT_TRUE(flight::read_trace_dir(dir.path, &skipped).empty());
   ASSERT_EQ(skipped.size(), 1u);
   EXPECT_HAS(skipped[0], path);
+  // A header that does not hold together (here a world of 0) is refused
+  // before anything loops over its ranks.
+  flight::RecorderSetup bad = anonymous(dir, 2);
+  bad.group = "bad";
+  bad.rank = 0;
+  bad.world_size = 0;
+  auto rec = flight::FlightRecorder::create(bad);
+  ASSERT_TRUE(rec->note_event("x"));
+  try {
+    flight::read_trace(rec->path());
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_HAS(e.what(), "is not a ddp flight record: rank 0 of world size 0");
+  }
 }
 
 // Synthetic rings for the verdict.
@@ -320,8 +362,10 @@ TEST(FlightTrace, AMissingRankIsNamed) {
   std::vector<flight::RankTrace> ranks = {
       rank_trace(0, 2, {entry(0, "barrier", State::kTimedOut)}, "barrier timed out")};
   const std::string v = flight::verdict(ranks);
-  EXPECT_HAS(v, "rank 1 is behind: the others issued #0 barrier");
-  EXPECT_HAS(v, "rank 1: no flight record");
+  // Not judged: its ring may be on another node.
+  EXPECT_HAS(v, "every rank reached #0 barrier [barrier, step 3]; rank 0 did not complete it "
+                "(rank 1 left no ring here: another node's, or removed)");
+  EXPECT_HAS(v, "rank 1: no flight record here");
 }
 
 TEST(FlightTrace, TheOddRankOutIsNamedWhenCollectivesDiffer) {
@@ -343,8 +387,27 @@ TEST(FlightTrace, ARankAtALaterStepSkippedACollective) {
   std::vector<flight::RankTrace> ranks = {
       rank_trace(0, 2, {entry(9, "all_reduce SUM float64[3]", State::kFailed, 4)}),
       rank_trace(1, 2, {entry(9, "all_reduce SUM float32[100]", State::kFailed, 5, 0)})};
-  EXPECT_HAS(flight::verdict(ranks), "rank 1 is ahead (step 5, the others step 4): it skipped a collective "
-                        "the others issued");
+  EXPECT_HAS(flight::verdict(ranks), "rank 1 is at a later step (5, the others 4): it skipped a "
+                                     "collective the others issued, or they added one");
+  // With three ranks the lone rank is named, whatever the steps.
+  ranks.push_back(rank_trace(2, 3, {entry(9, "all_reduce SUM float64[3]", State::kFailed, 5)}));
+  for (auto& t : ranks) t.world_size = 3;
+  EXPECT_HAS(flight::verdict(ranks), "rank 1 is the odd one out");
+}
+
+TEST(FlightTrace, ARingGivenTwiceIsCountedOnceTheNewest) {
+  std::vector<flight::RankTrace> ranks = {
+      rank_trace(0, 2, {entry(3, "barrier", State::kCompleted)}),
+      rank_trace(1, 2, {entry(3, "barrier", State::kCompleted)}),
+      rank_trace(1, 2, {entry(7, "broadcast src=0 float32[2]", State::kStarted)})};
+  ranks[0].path = "a/r0";
+  ranks[1].path = "a/r1";
+  ranks[1].created_us = 5;
+  ranks[2].path = "b/r1";
+  ranks[2].created_us = 2;  // an older attempt's
+  const std::string v = flight::verdict(ranks);
+  EXPECT_HAS(v, "every rank completed its last collective, #3 barrier");
+  EXPECT_HAS(v, "(rank 1's ring is also in b/r1: left out, older than a/r1)");
 }
 
 TEST(FlightTrace, EveryRankAtTheSameCollective) {

@@ -70,7 +70,9 @@ class CommError : public Error {
 //                "extraInfo": {"py_callstack": "<the same>", "timestamp": "<unix s>"}}}
 // as PyTorch's @record does for Python programs. It replaces the file
 // atomically, returns true when written and false when the variable is
-// unset or the file cannot be written; it never throws.
+// unset or the file cannot be written; it never throws. It also notes the
+// error in the flight records of the process's groups, which keeps them
+// (ddp/flight_recorder.h).
 //
 // Programs need not call it: init_process_group() installs a
 // std::terminate handler that records an exception escaping main(), then

@@ -13,7 +13,8 @@
 //   DDP_FLIGHT_RECORDER_DIR set (ddprun sets it to its run directory for
 //     every worker): each ring is a file there, mapped into memory and so
 //     current at every moment, even for a rank killed with SIGKILL, stopped
-//     or hung. A group destroyed without an event removes its file.
+//     or hung. A group destroyed without an event removes its file (an
+//     error the program reports with record_error() is an event).
 //   unset: the ring lives in memory and is written to the working directory
 //     at an event.
 // Events: a collective timed out, failed, or waited past the stall warning;
@@ -25,8 +26,9 @@
 // Files: "ddp_flight_<group>_rank<R>.bin". Read them with ddp-trace (a few
 // lines: which rank is behind, on which collective, what the others wait
 // for; --json for every entry). ddprun prints the same verdict when an
-// attempt fails and keeps the files (in --log-dir, else in
-// ./ddp_flight_<run id>_attempt<K>/).
+// attempt fails (or is interrupted) and keeps the files (in its kept run
+// directory with --log-dir, -r or -t, else copied to
+// ./ddp_flight_<run directory>_attempt_<K>/).
 //
 // Environment: DDP_FLIGHT_RECORDER_ENTRIES (ring size, default 2000; 0 turns
 // the recorder off), DDP_FLIGHT_RECORDER_DIR (above). Read when a process

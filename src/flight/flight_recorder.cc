@@ -9,6 +9,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -74,9 +77,44 @@ void make_directories(const std::string& dir) {
   }
 }
 
-// The live recorders, for signal handlers: lock-free slots.
+// The live recorders, for signal handlers: lock-free slots. g_busy counts
+// the walks over them in progress; a recorder leaves its slot, then waits
+// for the walks to end before it unmaps its ring.
 constexpr int kSlots = 256;
 std::atomic<FlightRecorder*> g_slots[kSlots];
+std::atomic<int> g_busy{0};
+
+// Dumps of in-memory rings so far: each writes its own temporary file.
+std::atomic<uint64_t> g_dumps{0};
+
+// "<prefix><n>" into `out` (room for any uint64). Async-signal-safe.
+void numbered(char* out, size_t n, const std::string& prefix, uint64_t k) noexcept {
+  char digits[24];
+  int d = 0;
+  do {
+    digits[d++] = static_cast<char>('0' + k % 10);
+    k /= 10;
+  } while (k > 0);
+  size_t len = 0;
+  for (char c : prefix) {
+    if (len + 1 < n) out[len++] = c;
+  }
+  while (d > 0 && len + 1 < n) out[len++] = digits[--d];
+  out[len] = '\0';
+}
+
+// A name no live ring of this process has: two groups of one process may
+// share a group name (another init method, or a re-created group whose
+// predecessor still lives).
+std::string unused_path(const std::string& dir, const std::string& name) {
+  const std::vector<std::string> live = live_paths();
+  std::string path = dir + "/" + name;
+  for (int n = 1; std::find(live.begin(), live.end(), path) != live.end(); ++n) {
+    path = fmt::format("{}/{}.{}{}", dir, name.substr(0, name.size() - std::strlen(kFileSuffix)), n,
+                       kFileSuffix);
+  }
+  return path;
+}
 
 void enlist(FlightRecorder* r) {
   for (auto& slot : g_slots) {
@@ -96,6 +134,16 @@ void delist(FlightRecorder* r) {
 
 }  // namespace
 
+void prepare_directory(const std::string& dir) {
+  make_directories(dir);
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    throw InvalidArgument(fmt::format(
+        "flight recorder: cannot write in '{}' ({}): set DDP_FLIGHT_RECORDER_DIR to a writable "
+        "directory, or DDP_FLIGHT_RECORDER_ENTRIES=0 to turn the recorder off",
+        dir, std::strerror(errno)));
+  }
+}
+
 std::string file_name(const std::string& group, int rank) {
   std::string g = group;
   for (char& c : g) {
@@ -114,7 +162,7 @@ std::unique_ptr<FlightRecorder> FlightRecorder::create(const RecorderSetup& setu
   void* base = MAP_FAILED;
   if (!setup.dir.empty()) {
     make_directories(setup.dir);
-    r->path_ = setup.dir + "/" + name;
+    r->path_ = unused_path(setup.dir, name);
     // Never truncate a file another process may have mapped (a second job
     // sharing the directory would then fault on its mapping): the old file
     // is unlinked and a new one made, exclusively.
@@ -124,11 +172,14 @@ std::unique_ptr<FlightRecorder> FlightRecorder::create(const RecorderSetup& setu
       fd = ::open(r->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
       if (fd < 0 && errno != EEXIST) break;
     }
+    // Allocated, not sparse: a full disk fails here, not later with SIGBUS
+    // on a write to the mapping.
     struct stat st {};
-    if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(r->bytes_)) == 0 && ::fstat(fd, &st) == 0) {
+    int err = fd < 0 ? errno : ::posix_fallocate(fd, 0, static_cast<off_t>(r->bytes_));
+    if (err == 0 && ::fstat(fd, &st) == 0) {
       base = ::mmap(nullptr, r->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (base == MAP_FAILED) err = errno;
     }
-    const int err = errno;
     if (fd >= 0) ::close(fd);
     if (base == MAP_FAILED) {
       throw InvalidArgument(fmt::format(
@@ -140,12 +191,17 @@ std::unique_ptr<FlightRecorder> FlightRecorder::create(const RecorderSetup& setu
     r->inode_ = st.st_ino;
     r->mapped_ = true;
   } else {
-    r->path_ = setup.dump_dir + "/" + name;
-    r->tmp_path_ = fmt::format("{}.tmp{}", r->path_, ::getpid());
+    r->path_ = unused_path(setup.dump_dir, name);
+    r->tmp_prefix_ = fmt::format("{}.tmp{}.", r->path_, ::getpid());
     base = ::mmap(nullptr, r->bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) throw std::bad_alloc();
+    if (base == MAP_FAILED) {
+      throw InvalidArgument(fmt::format(
+          "flight recorder: cannot allocate {} bytes for a ring of {} entries ({}): lower "
+          "DDP_FLIGHT_RECORDER_ENTRIES, or set it to 0 to turn the recorder off",
+          r->bytes_, setup.capacity, std::strerror(errno)));
+    }
   }
-  std::memset(base, 0, r->bytes_);
+  // Both mappings start as zeros (a new file, anonymous memory).
   r->header_ = static_cast<Header*>(base);
   r->entries_ = reinterpret_cast<Entry*>(static_cast<char*>(base) + sizeof(Header));
   Header& h = *r->header_;
@@ -168,12 +224,13 @@ std::unique_ptr<FlightRecorder> FlightRecorder::create(const RecorderSetup& setu
 
 FlightRecorder::~FlightRecorder() {
   delist(this);
+  while (g_busy.load() != 0) ::sched_yield();  // a walk may still hold this
   // A mapped ring of a group that ends without an event is not evidence of
   // anything: removed, so that a successful run leaves no files; unless
-  // the name now holds another process's ring.
+  // the name now holds another process's ring, or this is a forked child.
   struct stat st {};
-  if (mapped_ && header_->events.load() == 0 && ::stat(path_.c_str(), &st) == 0 &&
-      st.st_dev == device_ && st.st_ino == inode_) {
+  if (mapped_ && header_->events.load() == 0 && header_->pid == ::getpid() &&
+      ::stat(path_.c_str(), &st) == 0 && st.st_dev == device_ && st.st_ino == inode_) {
     ::unlink(path_.c_str());
   }
   ::munmap(header_, bytes_);
@@ -209,33 +266,50 @@ void FlightRecorder::ended(uint64_t id, State state) {
   e.guard.fetch_add(1, std::memory_order_release);
 }
 
-bool FlightRecorder::note_event(const char* reason) noexcept {
+bool FlightRecorder::note_event(const char* reason, bool in_signal_handler) noexcept {
+  // Outside a signal handler the dump waits for a writer that is between
+  // an entry's two guard increments (bounded: never more than ~100 ms, so a
+  // caller that holds mu_ itself cannot deadlock here).
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  for (int i = 0; !in_signal_handler && i < 100 && !lock.try_lock(); ++i) {
+    ::usleep(1000);
+  }
   Header& h = *header_;
   if (h.events.fetch_add(1) == 0) h.event_us = now_us();
-  append(h.reason, sizeof(h.reason), reason);
+  if (!reason_busy_.test_and_set()) {  // a concurrent event's reason is dropped, not torn
+    append(h.reason, sizeof(h.reason), reason);
+    reason_busy_.clear();
+  }
   if (mapped_) return true;  // the file is the ring
-  int fd = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  char tmp[4096];
+  numbered(tmp, sizeof(tmp), tmp_prefix_, g_dumps.fetch_add(1));
+  ::unlink(tmp);
+  int fd = ::open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return false;
   bool ok = write_all(fd, reinterpret_cast<const char*>(header_), bytes_);
   ok = ::close(fd) == 0 && ok;
-  if (!ok || ::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    ::unlink(tmp_path_.c_str());
+  if (!ok || ::rename(tmp, path_.c_str()) != 0) {
+    ::unlink(tmp);
     return false;
   }
   return true;
 }
 
-void note_event_everywhere(const char* reason) noexcept {
+void note_event_everywhere(const char* reason, bool in_signal_handler) noexcept {
+  g_busy.fetch_add(1);
   for (auto& slot : g_slots) {
-    if (FlightRecorder* r = slot.load()) r->note_event(reason);
+    if (FlightRecorder* r = slot.load()) r->note_event(reason, in_signal_handler);
   }
+  g_busy.fetch_sub(1);
 }
 
 std::vector<std::string> live_paths() {
   std::vector<std::string> out;
+  g_busy.fetch_add(1);
   for (auto& slot : g_slots) {
     if (FlightRecorder* r = slot.load()) out.push_back(r->path());
   }
+  g_busy.fetch_sub(1);
   return out;
 }
 
@@ -254,7 +328,7 @@ const char* fatal_reason(int sig) noexcept {
 
 void on_fatal_signal(int sig) {
   const int saved = errno;
-  note_event_everywhere(fatal_reason(sig));
+  note_event_everywhere(fatal_reason(sig), true);
   errno = saved;
   // SA_RESETHAND restored the default action; the signal, blocked while
   // this runs, is delivered again on return and ends the process as it
@@ -264,7 +338,7 @@ void on_fatal_signal(int sig) {
 
 void on_sigusr1(int) {
   const int saved = errno;
-  note_event_everywhere("SIGUSR1: a dump was requested");
+  note_event_everywhere("SIGUSR1: a dump was requested", true);
   errno = saved;
 }
 

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -45,9 +46,12 @@ class FlightRecorder {
   void ended(uint64_t id, State state);
 
   // Notes an event (appends `reason`, counts it) and, for an anonymous
-  // ring, writes the ring to path(). Async-signal-safe: no lock, no
-  // allocation. Returns whether the file is complete.
-  bool note_event(const char* reason) noexcept;
+  // ring, writes the ring to path(). With `in_signal_handler`
+  // async-signal-safe (no lock, no allocation); otherwise it first waits,
+  // briefly, for an entry being written. Thread-safe; of two events at the
+  // same moment one reason may be dropped (both are counted). Returns
+  // whether the file is complete.
+  bool note_event(const char* reason, bool in_signal_handler = false) noexcept;
 
   // The ring's file: the mapped file, or where an event writes it.
   const std::string& path() const { return path_; }
@@ -62,13 +66,21 @@ class FlightRecorder {
   bool mapped_ = false;
   dev_t device_ = 0;  // the mapped file's identity, to remove only our own
   ino_t inode_ = 0;
-  std::string path_, tmp_path_;  // tmp_path_: anonymous ring's dump, renamed into place
-  std::mutex mu_;                // writers of entries
+  std::string path_;
+  std::string tmp_prefix_;  // anonymous ring: its dumps are written as <prefix><n>, then renamed
+  std::mutex mu_;           // writers of entries
+  std::atomic_flag reason_busy_ = ATOMIC_FLAG_INIT;
 };
 
-// note_event(reason) on every live recorder of the process. Async-signal-
-// safe.
-void note_event_everywhere(const char* reason) noexcept;
+// note_event(reason, in_signal_handler) on every live recorder of the
+// process. Async-signal-safe with `in_signal_handler`.
+void note_event_everywhere(const char* reason, bool in_signal_handler = false) noexcept;
+
+// Creates `dir` (and its parents) and checks that files can be made in it.
+// Throws ddp::InvalidArgument naming it, DDP_FLIGHT_RECORDER_DIR and how to
+// turn the recorder off. new_process_group calls it before the rendezvous,
+// so that every rank fails alike.
+void prepare_directory(const std::string& dir);
 
 // path() of every live recorder of the process.
 std::vector<std::string> live_paths();
@@ -81,7 +93,8 @@ std::vector<std::string> live_paths();
 void install_signal_handlers();
 
 // "ddp_flight_<group>_rank<R>.bin": characters other than [A-Za-z0-9._-]
-// of the group name become '_'.
+// of the group name become '_'. (A second live group of the same name in
+// one process gets "..._rank<R>.<n>.bin".)
 std::string file_name(const std::string& group, int rank);
 
 }  // namespace ddp::flight

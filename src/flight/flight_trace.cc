@@ -74,17 +74,73 @@ std::string outcome(const TraceEntry& e) {
   return "has no record of it";
 }
 
-const TraceEntry* find_seq(const RankTrace& t, uint64_t seq) {
-  for (auto it = t.entries.rbegin(); it != t.entries.rend(); ++it) {
-    if (it->seq == seq) return &*it;
-  }
-  return nullptr;
-}
-
 std::string short_entry(const TraceEntry& e) {
   std::string where = e.step >= 0 ? fmt::format(", step {}", e.step) : "";
   if (e.bucket >= 0) where += fmt::format(", bucket {}", e.bucket);
   return fmt::format("#{} {} [{}{}]", e.seq, e.op, e.signature, where);
+}
+
+// One process group's rings, one per rank, each indexed by sequence number.
+struct Group {
+  int world = 0;
+  std::map<int, const RankTrace*> ranks;  // by rank
+  std::map<int, std::map<uint64_t, const TraceEntry*>> by_seq;
+  std::vector<int> missing;          // ranks of the world without a ring
+  std::vector<std::string> notes;    // duplicates left out
+
+  const TraceEntry* at(int rank, uint64_t seq) const {
+    const auto& m = by_seq.at(rank);
+    auto it = m.find(seq);
+    return it == m.end() ? nullptr : it->second;
+  }
+};
+
+// A rank's ring may be given twice (two directories, a directory and one of
+// its files, two attempts): the newest is kept, and the others named.
+Group make_group(const std::vector<const RankTrace*>& traces) {
+  Group g;
+  for (const RankTrace* t : traces) {
+    g.world = std::max(g.world, t->world_size);
+    auto [it, fresh] = g.ranks.emplace(t->rank, t);
+    if (fresh) continue;
+    const RankTrace* older = it->second->created_us <= t->created_us ? it->second : t;
+    it->second = older == t ? it->second : t;
+    g.notes.push_back(fmt::format("  (rank {}'s ring is also in {}: left out, older than {})",
+                                  t->rank, older->path, it->second->path));
+  }
+  for (const auto& [r, t] : g.ranks) {
+    auto& index = g.by_seq[r];
+    for (const TraceEntry& e : t->entries) index[e.seq] = &e;  // oldest first: the last wins
+  }
+  for (int r = 0; r < g.world; ++r) {
+    if (g.ranks.count(r) == 0) g.missing.push_back(r);
+  }
+  return g;
+}
+
+// Who to blame for different collectives at one sequence number: a lone
+// rank among three or more; else the ranks at a later step than the rest.
+std::string blame(const std::map<std::string, std::vector<int>>& by_signature,
+                  const std::map<int, const TraceEntry*>& entry) {
+  if (entry.size() >= 3 && by_signature.size() == 2) {
+    for (const auto& [sig, rs] : by_signature) {
+      if (rs.size() == 1) return fmt::format(" {} is the odd one out", ranks_text(rs));
+    }
+  }
+  int64_t min_step = INT64_MAX, max_step = INT64_MIN;
+  for (const auto& [rank, e] : entry) {
+    min_step = std::min(min_step, e->step);
+    max_step = std::max(max_step, e->step);
+  }
+  if (min_step == max_step) return "";
+  std::vector<int> ahead;
+  for (const auto& [rank, e] : entry) {
+    if (e->step == max_step) ahead.push_back(rank);
+  }
+  return fmt::format(" {} {} at a later step ({}, the others {}): {} skipped a collective the "
+                     "others issued, or they added one",
+                     ranks_text(ahead), ahead.size() == 1 ? "is" : "are", max_step, min_step,
+                     ahead.size() == 1 ? "it" : "they");
 }
 
 // Note [Flight verdict]
@@ -93,143 +149,112 @@ std::string short_entry(const TraceEntry& e) {
 // recorded it means a rank skipped, added or reordered a collective; (2)
 // otherwise ranks whose last collective is before the others' are behind,
 // and the others are waiting for them; (3) otherwise every rank reached the
-// same collective, and the states say where it failed.
-std::vector<std::string> divergence(const std::vector<const RankTrace*>& ranks) {
+// same collective, and the states say where it failed. Ranks without a ring
+// (another node's, a removed file) are named, never judged.
+std::vector<std::string> divergence(const Group& g) {
   std::set<uint64_t> seqs;
-  for (const RankTrace* t : ranks) {
-    for (const TraceEntry& e : t->entries) seqs.insert(e.seq);
+  for (const auto& [r, index] : g.by_seq) {
+    for (const auto& [seq, e] : index) seqs.insert(seq);
   }
   for (uint64_t seq : seqs) {
     std::map<std::string, std::vector<int>> by_signature;
     std::map<int, const TraceEntry*> entry;
-    for (const RankTrace* t : ranks) {
-      if (const TraceEntry* e = find_seq(*t, seq)) {
-        by_signature[e->signature].push_back(t->rank);
-        entry[t->rank] = e;
+    for (const auto& [r, t] : g.ranks) {
+      if (const TraceEntry* e = g.at(r, seq)) {
+        by_signature[e->signature].push_back(r);
+        entry[r] = e;
       }
     }
     if (by_signature.size() < 2) continue;
-    std::vector<std::string> lines;
     std::string issued;
     for (const auto& [rank, e] : entry) {
       issued += fmt::format("{}rank {} issued {}", issued.empty() ? "" : "; ", rank, short_entry(*e));
     }
-    // Blame: the ranks at a later step than the rest moved on past a
-    // collective; else a lone minority of three or more ranks.
-    int64_t min_step = INT64_MAX, max_step = INT64_MIN;
-    for (const auto& [rank, e] : entry) {
-      min_step = std::min(min_step, e->step);
-      max_step = std::max(max_step, e->step);
-    }
-    std::string blame;
-    if (min_step != max_step) {
-      std::vector<int> ahead;
-      for (const auto& [rank, e] : entry) {
-        if (e->step == max_step) ahead.push_back(rank);
-      }
-      blame = fmt::format(" {} {} ahead (step {}, the others step {}): {} skipped a collective the "
-                          "others issued",
-                          ranks_text(ahead), ahead.size() == 1 ? "is" : "are", max_step, min_step,
-                          ahead.size() == 1 ? "it" : "they");
-    } else if (entry.size() >= 3) {
-      for (const auto& [sig, rs] : by_signature) {
-        if (rs.size() == 1 && by_signature.size() == 2) {
-          blame = fmt::format(" {} is the odd one out", ranks_text(rs));
-        }
-      }
-    }
-    lines.push_back(fmt::format("collective #{} differs across ranks: a rank skipped, added or "
-                                "reordered a collective.{}",
-                                seq, blame));
-    lines.push_back("  " + issued);
-    return lines;
+    return {fmt::format("collective #{} differs across ranks: a rank skipped, added or reordered a "
+                        "collective.{}",
+                        seq, blame(by_signature, entry)),
+            "  " + issued};
   }
   return {};
 }
 
-std::vector<std::string> group_verdict(const std::vector<const RankTrace*>& ranks) {
-  const RankTrace& any = *ranks.front();
-  int world = 0;
-  for (const RankTrace* t : ranks) world = std::max(world, t->world_size);
-  std::vector<std::string> lines{fmt::format("process group '{}' ({}, {} ranks): ", any.group,
-                                             any.backend, world)};
-  std::map<int, const RankTrace*> by_rank;
-  for (const RankTrace* t : ranks) by_rank[t->rank] = t;
-  std::vector<int> missing;
-  for (int r = 0; r < world; ++r) {
-    if (by_rank.count(r) == 0) missing.push_back(r);
+// (2) and (3) of Note [Flight verdict]; every rank of g.ranks has entries.
+std::string position(const Group& g) {
+  uint64_t top = 0;
+  for (const auto& [r, t] : g.ranks) top = std::max(top, t->entries.back().seq);
+  std::vector<int> leaders, behind;
+  uint64_t last = top;  // the most-behind rank's last collective
+  for (const auto& [r, t] : g.ranks) {
+    const uint64_t mine = t->entries.back().seq;
+    (mine == top ? leaders : behind).push_back(r);
+    last = std::min(last, mine);
   }
-  std::vector<std::string> body = divergence(ranks);
+  if (behind.empty()) {
+    std::vector<int> unfinished;
+    for (const auto& [r, t] : g.ranks) {
+      if (t->entries.back().state != State::kCompleted) unfinished.push_back(r);
+    }
+    const TraceEntry& e = g.ranks.begin()->second->entries.back();
+    return unfinished.empty()
+               ? fmt::format("every rank completed its last collective, {}: the failure was "
+                             "outside the collectives",
+                             short_entry(e))
+               : fmt::format("every rank reached {}; {} did not complete it", short_entry(e),
+                             ranks_text(unfinished));
+  }
+  // The first collective the others issued after the most-behind rank's last.
+  const auto& index = g.by_seq.at(leaders.front());
+  auto next = index.upper_bound(last);
+  const TraceEntry& e = next != index.end() ? *next->second : *index.rbegin()->second;
+  std::string waited;
+  for (int r : leaders) {
+    const TraceEntry* mine = g.at(r, e.seq);
+    waited += fmt::format("{}rank {} {}", waited.empty() ? "" : "; ", r,
+                          mine != nullptr ? outcome(*mine) : "has no record of it");
+  }
+  return fmt::format("{} {} behind: the others issued {}, which {} never started ({})",
+                     ranks_text(behind), behind.size() == 1 ? "is" : "are", short_entry(e),
+                     behind.size() == 1 ? "it" : "they", waited);
+}
+
+std::string rank_line(int r, const RankTrace& t) {
+  std::string last = t.entries.empty() ? std::string("no collective")
+                                       : "last " + describe_entry(t.entries.back());
+  return fmt::format("  rank {} (pid {}, {}): {}; {}", r, t.pid, t.host, last,
+                     t.events == 0 ? std::string("no event noted (killed, stopped or hung "
+                                                 "without a failure of its own?)")
+                                   : "event: " + cut(t.reason, 240));
+}
+
+std::vector<std::string> group_verdict(const std::vector<const RankTrace*>& traces) {
+  const Group g = make_group(traces);
+  const RankTrace& any = *g.ranks.begin()->second;
+  std::vector<std::string> lines{
+      fmt::format("process group '{}' ({}, {} ranks): ", any.group, any.backend, g.world)};
+  Group recorded = g;  // the ranks with at least one collective
+  for (auto it = recorded.ranks.begin(); it != recorded.ranks.end();) {
+    it = it->second->entries.empty() ? recorded.ranks.erase(it) : std::next(it);
+  }
+  std::vector<std::string> body = divergence(recorded);
   if (body.empty()) {
-    // Last collective of each rank (by history, not by number).
-    uint64_t top = 0;
-    bool any_entry = false;
-    for (const RankTrace* t : ranks) {
-      if (!t->entries.empty()) top = std::max(top, t->entries.back().seq), any_entry = true;
-    }
-    std::vector<int> leaders, behind = missing;
-    for (const auto& [r, t] : by_rank) {
-      (any_entry && !t->entries.empty() && t->entries.back().seq == top ? leaders : behind)
-          .push_back(r);
-    }
-    std::sort(behind.begin(), behind.end());
-    if (!any_entry) {
-      body.push_back("no rank recorded a collective");
-    } else if (!behind.empty()) {
-      // The collective the most-behind rank never started: the first the
-      // others issued after its last one.
-      uint64_t last = top;
-      for (int r : behind) {
-        if (by_rank.count(r) != 0 && !by_rank[r]->entries.empty()) {
-          last = std::min(last, by_rank[r]->entries.back().seq);
-        }
-      }
-      const TraceEntry* e = nullptr;
-      for (const TraceEntry& x : by_rank[leaders.front()]->entries) {
-        if (x.seq > last && (e == nullptr || x.seq < e->seq)) e = &x;
-      }
-      if (e == nullptr) e = &by_rank[leaders.front()]->entries.back();
-      std::string waited;
-      for (int r : leaders) {
-        const TraceEntry* mine = find_seq(*by_rank[r], e->seq);
-        waited += fmt::format("{}rank {} {}", waited.empty() ? "" : "; ", r,
-                              mine != nullptr ? outcome(*mine) : "has no record of it");
-      }
-      body.push_back(fmt::format("{} {} behind: the others issued {}, which {} never started ({})",
-                                 ranks_text(behind), behind.size() == 1 ? "is" : "are",
-                                 short_entry(*e), behind.size() == 1 ? "it" : "they", waited));
-    } else {
-      std::vector<int> unfinished;
-      for (const auto& [r, t] : by_rank) {
-        if (t->entries.back().state != State::kCompleted) unfinished.push_back(r);
-      }
-      const TraceEntry& e = by_rank.begin()->second->entries.back();
-      body.push_back(unfinished.empty()
-                         ? fmt::format("every rank completed its last collective, {}: the failure "
-                                       "was outside the collectives",
-                                       short_entry(e))
-                         : fmt::format("every rank reached {}; {} did not complete it",
-                                       short_entry(e), ranks_text(unfinished)));
-    }
+    body.push_back(recorded.ranks.empty() ? "no rank recorded a collective" : position(recorded));
+  }
+  if (!g.missing.empty()) {
+    body.front() += fmt::format(" ({} left no ring here: another node's, or removed)",
+                                ranks_text(g.missing));
   }
   lines[0] += body.front();
   lines.insert(lines.end(), body.begin() + 1, body.end());
-  for (int r = 0; r < world; ++r) {
-    auto it = by_rank.find(r);
-    if (it == by_rank.end()) {
-      lines.push_back(fmt::format("  rank {}: no flight record (not started, recorder off, or its "
-                                  "file is elsewhere)",
-                                  r));
-      continue;
-    }
-    const RankTrace& t = *it->second;
-    std::string last = t.entries.empty() ? std::string("no collective")
-                                         : "last " + describe_entry(t.entries.back());
-    lines.push_back(fmt::format("  rank {} (pid {}, {}): {}; {}", r, t.pid, t.host, last,
-                                t.events == 0 ? std::string("no event noted (killed, stopped or "
-                                                            "hung without a failure of its own?)")
-                                              : "event: " + cut(t.reason, 240)));
+  for (int r = 0; r < g.world; ++r) {
+    auto it = g.ranks.find(r);
+    lines.push_back(it != g.ranks.end()
+                        ? rank_line(r, *it->second)
+                        : fmt::format("  rank {}: no flight record here (another node's, not "
+                                      "started, recorder off, or its group ended without an "
+                                      "event)",
+                                      r));
   }
+  lines.insert(lines.end(), g.notes.begin(), g.notes.end());
   return lines;
 }
 
@@ -241,18 +266,23 @@ std::string describe_entry(const TraceEntry& e) {
   return out;
 }
 
-RankTrace read_trace(const std::string& path) {
+namespace {
+
+std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw InvalidArgument(fmt::format("flight record '{}': cannot open it ({})", path,
                                       std::strerror(errno)));
   }
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Checks the header of `bytes` and copies it into `h`.
+void check_header(const std::string& path, const std::string& bytes, Header& h) {
   auto bad = [&](const std::string& why) {
     return InvalidArgument(fmt::format("'{}' is not a ddp flight record: {}", path, why));
   };
   if (bytes.size() < sizeof(Header)) throw bad(fmt::format("{} bytes, too short", bytes.size()));
-  Header h;
   std::memcpy(static_cast<void*>(&h), bytes.data(), sizeof(Header));
   if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) throw bad("wrong magic");
   if (h.version != kVersion || h.header_size != sizeof(Header) || h.entry_size != sizeof(Entry)) {
@@ -262,6 +292,22 @@ RankTrace read_trace(const std::string& path) {
   if (h.capacity == 0 || h.capacity > kMaxCapacity || bytes.size() < ring_bytes(h.capacity)) {
     throw bad(fmt::format("capacity {} does not fit its {} bytes", h.capacity, bytes.size()));
   }
+  if (h.world_size <= 0 || h.world_size > (1 << 20) || h.rank < 0 || h.rank >= h.world_size) {
+    throw bad(fmt::format("rank {} of world size {}", h.rank, h.world_size));
+  }
+}
+
+}  // namespace
+
+// Note [Flight ring]'s reader: the file is read twice, and an entry is
+// taken only when it is identical in both reads with an even guard, so an
+// entry a live rank was writing meanwhile is left out (counted as torn).
+RankTrace read_trace(const std::string& path) {
+  const std::string bytes = read_bytes(path);
+  Header h;
+  check_header(path, bytes, h);
+  std::string again = read_bytes(path);
+  if (again.size() != bytes.size()) again = bytes;  // replaced meanwhile: one read only
   RankTrace t;
   t.path = path;
   t.group = field(h.group, sizeof(h.group));
@@ -279,11 +325,12 @@ RankTrace read_trace(const std::string& path) {
   t.written = h.written.load();
   const uint64_t first = t.written > h.capacity ? t.written - h.capacity : 0;
   for (uint32_t i = 0; i < h.capacity; ++i) {
+    const size_t at = sizeof(Header) + static_cast<size_t>(i) * sizeof(Entry);
     Entry e;
-    std::memcpy(static_cast<void*>(&e), bytes.data() + sizeof(Header) + i * sizeof(Entry),
-                sizeof(Entry));
+    std::memcpy(static_cast<void*>(&e), bytes.data() + at, sizeof(Entry));
     if (e.state == static_cast<uint32_t>(State::kEmpty)) continue;
-    if ((e.guard.load() & 1) != 0 || e.id % h.capacity != i || e.id < first ||
+    if ((e.guard.load() & 1) != 0 || std::memcmp(bytes.data() + at, again.data() + at, sizeof(Entry)) != 0 ||
+        e.id % h.capacity != i || e.id < first ||
         e.state > static_cast<uint32_t>(State::kTimedOut)) {
       ++t.torn;
       continue;

@@ -14,13 +14,14 @@
 namespace ddp::launcher {
 namespace {
 
-// Copies the ring files of `from` into `to` (created). Returns "" or why not.
+// Copies the rings' files into `to` (created). Returns "" or why not.
 std::string copy_rings(const std::vector<flight::RankTrace>& traces, const std::string& to) {
   try {
     make_directories(to);
     for (const flight::RankTrace& t : traces) {
       const std::string name = t.path.substr(t.path.rfind('/') + 1);
       std::ifstream in(t.path, std::ios::binary);
+      if (!in) return fmt::format("could not read {}", t.path);
       std::ofstream out(to + "/" + name, std::ios::binary | std::ios::trunc);
       out << in.rdbuf();
       if (!out.flush()) return fmt::format("could not write {}/{}", to, name);
@@ -48,7 +49,8 @@ std::string flight_report(const std::string& dir, const std::string& copy_to,
   }
   traces.erase(std::remove_if(traces.begin(), traces.end(),
                               [&](const flight::RankTrace& t) {
-                                return std::find(pids.begin(), pids.end(), t.pid) == pids.end();
+                                return !pids.empty() &&
+                                       std::find(pids.begin(), pids.end(), t.pid) == pids.end();
                               }),
                traces.end());
   if (traces.empty() && skipped.empty()) return "";

@@ -13,7 +13,8 @@ std::string flight_dir_of_attempt(const std::string& attempt_dir);
 
 // After a failed attempt: the verdict of src/flight/flight_trace.h over the
 // rings in `dir` written by the processes `pids` (this node's workers; a
-// directory the user shares between runs may hold older rings, left out),
+// directory the user shares between runs may hold older rings, left out;
+// empty: every ring in `dir`),
 // as lines for the console,
 // and where the rings are kept. When `copy_to` is not empty (the run
 // directory is temporary and goes with ddprun) the rings are first copied

@@ -71,8 +71,13 @@ void report_flight_records(const Job& job, int restart_count,
                             restart_count);
     }
   }
+  // A directory of the user's may hold other runs' rings: only this
+  // attempt's workers' count. The attempt's own directory holds nothing else
+  // (and a worker started through a wrapper that forks has another pid).
   std::vector<int> pids;
-  for (const WorkerResult& w : local) pids.push_back(static_cast<int>(w.pid));
+  if (copy_to.empty() && own != nullptr && *own != '\0') {
+    for (const WorkerResult& w : local) pids.push_back(static_cast<int>(w.pid));
+  }
   const std::string text = flight_report(dir, copy_to, pids);
   if (!text.empty()) write_all(STDERR_FILENO, "ddprun: " + text);
 }
@@ -98,6 +103,8 @@ int single_node(const Job& job) {
       print_summary(job, make_failure_report(g.workers[g.root_cause], o.node_rank),
                     g.workers, {}, k);
       if (g.interrupt_signal == 0 && restart_allowed(o, k)) continue;
+    } else {
+      report_flight_records(job, k, g.workers);  // interrupted: a hung job's Ctrl-C
     }
     return exit_code_for(g.interrupt_signal);
   }
@@ -127,6 +134,7 @@ int coordinate(const Job& job) {
     } else {
       launcher_message("the job failed: " + a.reason);
       for (const std::string& note : a.notes) launcher_message(note);
+      report_flight_records(job, k, g.workers);
     }
     if (a.restartable && restart_allowed(o, k)) continue;
     c.finish_job(kExitFailure, a.root ? root_cause_line(*a.root) : "the job failed");
@@ -164,6 +172,7 @@ int follow(const Job& job) {
                     g.workers, {}, k);
     } else if (g.outcome == GroupOutcome::kStopped) {
       launcher_message(fmt::format("stopped this node's workers: {}", g.stop_reason));
+      report_flight_records(job, k, g.workers);  // this node's part of the picture
     }
     if (g.interrupt_signal != 0) return exit_code_for(g.interrupt_signal);
   }
