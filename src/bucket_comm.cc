@@ -8,7 +8,8 @@
 #include <utility>
 
 #include "ddp/error.h"
-#include "process_group_impl.h"
+#include "tensor_text.h"
+#include "work.h"
 
 namespace ddp::detail {
 namespace {
@@ -25,8 +26,7 @@ class FusedAllReduce : public BucketComm {
     if (b.index == 0) works_.assign(b.count, Work());
     CollectiveOptions copts{c_.group, c_.timeout};
     std::vector<at::Tensor> tensors{b.flat};
-    c_.group->impl().monitor_step(b.iteration);
-    BucketScope scope(static_cast<int>(b.index));
+    BucketScope scope(b.iteration, static_cast<int>(b.index));
     works_.at(b.index) = Work(start_work(
         copts,
         fmt::format("all_reduce of gradient bucket {} of {} (iteration {})", b.index, b.count,
@@ -62,8 +62,7 @@ class HookComm : public BucketComm {
       results_.assign(b.count, BucketWork());
       flags_.clear();
     }
-    c_.group->impl().monitor_step(b.iteration);
-    BucketScope scope(static_cast<int>(b.index));
+    BucketScope scope(b.iteration, static_cast<int>(b.index));
     results_.at(b.index) = run_hook(b);
     flags_.push_back(b.flags.to(at::kFloat));
     if (b.index + 1 == b.count) {

@@ -10,7 +10,8 @@
 
 #include "compat/torch_compat.h"
 #include "ddp/error.h"
-#include "process_group_impl.h"
+#include "tensor_text.h"
+#include "work.h"
 
 namespace ddp {
 namespace {

@@ -239,8 +239,21 @@ void DdpCore::sync_buffers_now() {
 }
 
 DdpStats DdpCore::stats() const {
+  const Reducer::Stats r = reducer_->stats();
   DdpStats s;
-  reducer_->fill_stats(s);
+  s.iterations = r.iterations;
+  s.world_size = r.world_size;
+  s.bucket_bytes = r.bucket_bytes;
+  s.bucket_params = r.bucket_params;
+  s.parameters = r.parameters;
+  s.gradient_bytes = r.gradient_bytes;
+  s.buckets_rebuilt = r.buckets_rebuilt;
+  s.shared_memory_buckets = r.shared_memory_buckets;
+  s.unused_parameters_last = r.unused_parameters_last;
+  s.backward_compute_s = r.backward_compute_s;
+  s.backward_comm_s = r.backward_comm_s;
+  s.exposed_comm_s = r.exposed_comm_s;
+  s.comm_hook = r.comm_hook;
   double n = static_cast<double>(std::max<int64_t>(forwards_, 1));
   s.forward_s = forward_s_ / n;
   s.buffer_broadcast_s = buffer_s_ / n;

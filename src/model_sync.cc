@@ -9,7 +9,8 @@
 #include <sstream>
 
 #include "ddp/error.h"
-#include "process_group_impl.h"
+#include "tensor_text.h"
+#include "work.h"
 
 namespace ddp::detail {
 namespace {

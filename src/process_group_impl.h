@@ -1,22 +1,20 @@
-// Internal: what a ddp::ProcessGroup holds, and the helpers the collectives
-// and the reducer share to start c10d operations and translate their errors.
+// Internal: what a ddp::ProcessGroup holds, and the one entry point of each
+// backend operation that shared memory may take. Starting and waiting for
+// operations: work.h.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
 #include <chrono>
-#include <exception>
-#include <functional>
-#include <mutex>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "collective_monitor.h"
 #include "compat/torch_compat.h"
 #include "flight/flight_recorder.h"
 #include "shm/shm_group.h"
-#include "tensor_text.h"
-#include "ddp/collectives.h"
 #include "ddp/error.h"
 #include "ddp/process_group.h"
 
@@ -80,64 +78,5 @@ c10::intrusive_ptr<c10d::Work> backend_broadcast(ProcessGroupImpl& group,
 // connections close (CollectiveMonitor::fatal_notes). Called by the
 // terminate handler (error_file.cc); best effort, never blocks on a lock.
 void publish_fatal_to_groups(const std::string& message) noexcept;
-
-// State of one started operation (see ddp::Work).
-struct WorkImpl {
-  ProcessGroupPtr group;                // kept alive while the work runs
-  uint64_t seq = 0;                     // the group's sequence number
-  c10::intrusive_ptr<c10d::Work> work;  // null: already complete
-  std::string what;                     // describe() of the operation
-  std::chrono::milliseconds timeout{0};
-  std::function<void()> then;  // runs once after success (e.g. AVG's divide)
-  uint64_t flight_id = 0;      // the flight recorder's entry (when it has one)
-  bool stall_noted = false;    // a stall was noted in the flight record; guarded by mu
-
-  std::mutex mu;
-  bool finished = false;          // guarded by mu
-  std::atomic<bool> done{false};  // finished, readable without mu
-  std::exception_ptr error;
-
-  void wait();
-  // Marks the flight record's entry ended and notes `reason` (when not
-  // null) as an event of the group's recorder.
-  void record_end(flight::State state, const char* reason);
-
- private:
-  void wait_with_stall_reports();
-  std::string with_stall_report(const std::string& message) const;
-  std::exception_ptr with_last_words(const CommError& e) const;
-};
-
-// The gradient bucket whose communication the calling thread starts while
-// the scope lives (BucketComm::launch), for the flight records; -1 outside.
-class BucketScope {
- public:
-  explicit BucketScope(int bucket);
-  ~BucketScope();
-  BucketScope(const BucketScope&) = delete;
-  BucketScope& operator=(const BucketScope&) = delete;
-
- private:
-  int previous_;
-};
-
-// Starts a c10d operation: resolves the group and timeout from `options`,
-// numbers the operation, records it for the stall inspector and the flight
-// recorder (with `fingerprint()` as its signature), in debug mode
-// checks `fingerprint()` (operation, shapes, dtypes) against the other ranks
-// (Note [Debug mode]), runs `start(backend, timeout)` and wraps the result.
-// `start`'s exceptions are translated like wait()'s.
-std::shared_ptr<WorkImpl> start_work(
-    const CollectiveOptions& options, const std::string& op,
-    const std::function<c10::intrusive_ptr<c10d::Work>(
-        compat::Backend&, std::chrono::milliseconds)>& start,
-    const std::function<std::string()>& fingerprint = nullptr);
-
-// The group `options` names, or the default group.
-ProcessGroup& resolve_group(const CollectiveOptions& options);
-
-// Rethrows the current exception (inside a catch block) as TimeoutError or
-// CommError with `what` prepended. ddp::Error passes through unchanged.
-[[noreturn]] void rethrow_as_comm_error(const std::string& what);
 
 }  // namespace ddp::detail

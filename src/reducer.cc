@@ -13,7 +13,7 @@
 
 #include "ddp/error.h"
 #include "ddp/logging.h"
-#include "process_group_impl.h"
+#include "work.h"
 #include "reducer_state.h"
 
 namespace ddp::detail {

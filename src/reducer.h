@@ -77,7 +77,6 @@
 #include "bucket_comm.h"
 #include "ddp/collectives.h"
 #include "ddp/comm_hooks.h"
-#include "ddp/distributed_data_parallel.h"
 #include "ddp/process_group.h"
 
 namespace ddp::detail {
@@ -119,7 +118,20 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // guard). Debug mode checks it when a no_sync forward's backward runs.
   void set_sync_requested(bool requested);
 
-  void fill_stats(DdpStats& stats) const;
+  // What the reducer knows of the public DdpStats (DdpCore adds the
+  // forward's times): its own struct, so that the reducer depends on no
+  // public DDP header.
+  struct Stats {
+    int64_t iterations = 0;
+    int world_size = 1;
+    std::vector<int64_t> bucket_bytes, bucket_params;
+    int64_t parameters = 0, gradient_bytes = 0, shared_memory_buckets = 0;
+    int64_t unused_parameters_last = 0;
+    bool buckets_rebuilt = false;
+    double backward_compute_s = 0, backward_comm_s = 0, exposed_comm_s = 0;  // per iteration
+    std::string comm_hook;
+  };
+  Stats stats() const;
 
   // Replaces the built-in all_reduce with `hook` (comm_hooks.h). Only before
   // the first forward, once: InvalidArgument otherwise. Re-lays the buckets

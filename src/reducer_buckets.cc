@@ -206,15 +206,12 @@ void Reducer::register_comm_hook(CommHook hook, std::string name) {
   build_buckets(order);  // out of shared memory
 }
 
-void Reducer::fill_stats(DdpStats& s) const {
+Reducer::Stats Reducer::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
+  Stats s;
   s.comm_hook = comm_->name();
   s.world_size = world_size_;
   s.parameters = static_cast<int64_t>(params_.size());
-  s.bucket_bytes.clear();
-  s.bucket_params.clear();
-  s.gradient_bytes = 0;
-  s.shared_memory_buckets = 0;
   for (const Bucket& b : buckets_) {
     int64_t bytes = b.grad_numel * b.flat.element_size();
     s.bucket_bytes.push_back(bytes);
@@ -230,6 +227,7 @@ void Reducer::fill_stats(DdpStats& s) const {
   s.backward_compute_s = t.backward_compute / n;
   s.backward_comm_s = t.backward_comm / n;
   s.exposed_comm_s = t.exposed_comm / n;
+  return s;
 }
 
 }  // namespace ddp::detail

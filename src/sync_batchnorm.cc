@@ -19,7 +19,7 @@
 
 #include "ddp/collectives.h"
 #include "ddp/error.h"
-#include "process_group_impl.h"
+#include "tensor_text.h"
 
 namespace ddp {
 namespace {

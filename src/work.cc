@@ -9,13 +9,14 @@
 
 #include "ddp/error.h"
 #include "ddp/logging.h"
-#include "process_group_impl.h"
+#include "work.h"
 
 namespace ddp {
 namespace detail {
 namespace {
 
-thread_local int t_bucket = -1;  // BucketScope
+thread_local int64_t t_step = -1;  // BucketScope
+thread_local int t_bucket = -1;
 
 // An event's reason for the flight record: its first 300 characters (the
 // record keeps 808 bytes for all its events).
@@ -31,8 +32,15 @@ bool contains_ci(std::string haystack, const std::string& needle) {
 
 }  // namespace
 
-BucketScope::BucketScope(int bucket) : previous_(t_bucket) { t_bucket = bucket; }
-BucketScope::~BucketScope() { t_bucket = previous_; }
+BucketScope::BucketScope(int64_t step, int bucket)
+    : previous_step_(t_step), previous_bucket_(t_bucket) {
+  t_step = step;
+  t_bucket = bucket;
+}
+BucketScope::~BucketScope() {
+  t_step = previous_step_;
+  t_bucket = previous_bucket_;
+}
 
 void rethrow_as_comm_error(const std::string& what) {
   try {
@@ -110,6 +118,7 @@ std::shared_ptr<WorkImpl> start_work(
   w->seq = g.next_seq++;
   w->what = g.describe(op, w->seq);
   w->timeout = timeout;
+  if (t_step >= 0) g.monitor_step(t_step);
   const bool debug = g.monitor && g.monitor->debug();
   const std::string signature = (g.flight || debug) && fingerprint ? fingerprint() : op;
   if (g.flight) w->flight_id = g.flight->started(w->seq, op, signature, g.step.load(), t_bucket);

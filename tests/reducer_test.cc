@@ -93,7 +93,7 @@ TEST_P(ReducerWorlds, AllUsedGradIsExactAverageForAnyBuckets) {
   for (bool tiny : {false, true}) {
     SCOPED_TRACE(tiny ? "tiny buckets" : "one bucket");
     std::vector<std::vector<std::vector<at::Tensor>>> grads(world);  // [rank][it][param]
-    std::vector<DdpStats> stats(world);
+    std::vector<Reducer::Stats> stats(world);
     testing::run_ranks(world, [&](int rank) {
       World w = make_params(kShapes);
       auto reducer =
@@ -105,7 +105,7 @@ TEST_P(ReducerWorlds, AllUsedGradIsExactAverageForAnyBuckets) {
         for (auto& p : w.params) g.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
         grads[rank].push_back(g);
       }
-      reducer->fill_stats(stats[rank]);
+      stats[rank] = reducer->stats();
     });
     for (int r = 0; r < world; ++r) {
       EXPECT_EQ(stats[r].iterations, kIters);
@@ -154,7 +154,7 @@ TEST_P(ReducerWorlds, FindUnusedParameters) {
   };
   constexpr int kIters = 2;
   std::vector<std::vector<std::vector<at::Tensor>>> grads(world);
-  std::vector<DdpStats> stats(world);
+  std::vector<Reducer::Stats> stats(world);
   std::vector<std::vector<int64_t>> p7_ptr(world);
   testing::run_ranks(world, [&](int rank) {
     World w = make_params(shapes);
@@ -174,7 +174,7 @@ TEST_P(ReducerWorlds, FindUnusedParameters) {
       for (auto& p : w.params) g.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
       grads[rank].push_back(g);
     }
-    reducer->fill_stats(stats[rank]);
+    stats[rank] = reducer->stats();
   });
   for (int r = 0; r < world; ++r) {
     // Not used by every rank: p5..p7, and p3 and p5 when W > 1.
