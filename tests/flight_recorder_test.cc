@@ -358,13 +358,38 @@ TEST(FlightTrace, ARankThatNeverStartedTheNextCollectiveIsBehind) {
   EXPECT_HAS(v, "event: all_reduce #5 timed out");
 }
 
+TEST(FlightTrace, OnlyTheMostBehindRankIsBlamedAndAQuietStopIsHedged) {
+  // Rank 2 was killed after #20; rank 3 is in #21 and ranks 0 and 1 in #22
+  // (buckets pipeline): only rank 2 is behind.
+  auto at = [](uint64_t seq, State s, int64_t start) {
+    flight::TraceEntry e = entry(seq, "all_reduce SUM float32[8]", s);
+    e.start_us = start;
+    e.end_us = s == State::kStarted ? 0 : start + 1000;
+    return e;
+  };
+  std::vector<flight::RankTrace> ranks = {
+      rank_trace(0, 4, {at(21, State::kCompleted, 100), at(22, State::kStarted, 5'000'000)}),
+      rank_trace(1, 4, {at(21, State::kCompleted, 100), at(22, State::kStarted, 5'000'000)}),
+      rank_trace(2, 4, {at(20, State::kCompleted, 50)}),
+      rank_trace(3, 4, {at(20, State::kCompleted, 50), at(21, State::kStarted, 100)})};
+  std::string v = flight::verdict(ranks);
+  EXPECT_HAS(v, "rank 2 is behind: the others issued #21 all_reduce");
+  EXPECT_EQ(v.find("nobody is to blame"), std::string::npos) << v;  // 5 s of waiting
+  // The same picture a few milliseconds long, nothing noted: hedged.
+  ranks[0].entries[1].start_us = ranks[1].entries[1].start_us = 3000;
+  v = flight::verdict(ranks);
+  EXPECT_HAS(v, "rank 2 is behind");
+  EXPECT_HAS(v, "no failure noted: if the job was stopped from outside while healthy, nobody is "
+                "to blame");
+}
+
 TEST(FlightTrace, AMissingRankIsNamed) {
   std::vector<flight::RankTrace> ranks = {
       rank_trace(0, 2, {entry(0, "barrier", State::kTimedOut)}, "barrier timed out")};
   const std::string v = flight::verdict(ranks);
   // Not judged: its ring may be on another node.
-  EXPECT_HAS(v, "every rank reached #0 barrier [barrier, step 3]; rank 0 did not complete it "
-                "(rank 1 left no ring here: another node's, or removed)");
+  EXPECT_HAS(v, "every rank here reached #0 barrier [barrier, step 3]; rank 0 did not complete "
+                "it (rank 1 left no ring here: another node's, or removed)");
   EXPECT_HAS(v, "rank 1: no flight record here");
 }
 
@@ -406,7 +431,7 @@ TEST(FlightTrace, ARingGivenTwiceIsCountedOnceTheNewest) {
   ranks[2].path = "b/r1";
   ranks[2].created_us = 2;  // an older attempt's
   const std::string v = flight::verdict(ranks);
-  EXPECT_HAS(v, "every rank completed its last collective, #3 barrier");
+  EXPECT_HAS(v, "every rank here completed its last collective, #3 barrier");
   EXPECT_HAS(v, "(rank 1's ring is also in b/r1: left out, older than a/r1)");
 }
 
@@ -414,11 +439,13 @@ TEST(FlightTrace, EveryRankAtTheSameCollective) {
   std::vector<flight::RankTrace> done = {
       rank_trace(0, 2, {entry(2, "barrier", State::kCompleted)}),
       rank_trace(1, 2, {entry(2, "barrier", State::kCompleted)})};
-  EXPECT_HAS(flight::verdict(done), "every rank completed its last collective, #2 barrier [barrier, step 3]: "
-                        "the failure was outside the collectives");
+  EXPECT_HAS(flight::verdict(done), "every rank here completed its last collective, #2 barrier "
+                                    "[barrier, step 3]; no rank noted a failure");
+  done[0].events = 1;
+  EXPECT_HAS(flight::verdict(done), "[barrier, step 3]: the failure was outside the collectives");
   done[1].entries[0].state = State::kFailed;
-  EXPECT_HAS(flight::verdict(done), "every rank reached #2 barrier [barrier, step 3]; rank 1 did not "
-                        "complete it");
+  EXPECT_HAS(flight::verdict(done), "every rank here reached #2 barrier [barrier, step 3]; rank 1 "
+                                    "did not complete it");
 }
 
 }  // namespace

@@ -135,6 +135,13 @@ void delist(FlightRecorder* r) {
 }  // namespace
 
 void prepare_directory(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    throw InvalidArgument(fmt::format(
+        "flight recorder: '{}' is not a directory: set DDP_FLIGHT_RECORDER_DIR to a writable "
+        "directory, or DDP_FLIGHT_RECORDER_ENTRIES=0 to turn the recorder off",
+        dir));
+  }
   make_directories(dir);
   if (::access(dir.c_str(), W_OK | X_OK) != 0) {
     throw InvalidArgument(fmt::format(

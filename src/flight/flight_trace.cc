@@ -102,7 +102,12 @@ Group make_group(const std::vector<const RankTrace*>& traces) {
   for (const RankTrace* t : traces) {
     g.world = std::max(g.world, t->world_size);
     auto [it, fresh] = g.ranks.emplace(t->rank, t);
-    if (fresh) continue;
+    if (fresh || it->second->path == t->path) continue;
+    if (it->second->pid == t->pid && it->second->created_us == t->created_us) {
+      g.notes.push_back(fmt::format("  (rank {}'s ring {} is a copy of {}: counted once)", t->rank,
+                                    t->path, it->second->path));
+      continue;
+    }
     const RankTrace* older = it->second->created_us <= t->created_us ? it->second : t;
     it->second = older == t ? it->second : t;
     g.notes.push_back(fmt::format("  (rank {}'s ring is also in {}: left out, older than {})",
@@ -132,7 +137,9 @@ std::string blame(const std::map<std::string, std::vector<int>>& by_signature,
     min_step = std::min(min_step, e->step);
     max_step = std::max(max_step, e->step);
   }
-  if (min_step == max_step) return "";
+  if (min_step == max_step) {
+    return " The records cannot tell which rank skipped or added one: each is named below";
+  }
   std::vector<int> ahead;
   for (const auto& [rank, e] : entry) {
     if (e->step == max_step) ahead.push_back(rank);
@@ -179,42 +186,70 @@ std::vector<std::string> divergence(const Group& g) {
 }
 
 // (2) and (3) of Note [Flight verdict]; every rank of g.ranks has entries.
-std::string position(const Group& g) {
-  uint64_t top = 0;
-  for (const auto& [r, t] : g.ranks) top = std::max(top, t->entries.back().seq);
-  std::vector<int> leaders, behind;
-  uint64_t last = top;  // the most-behind rank's last collective
+// The latest moment the rings of `g` speak of, and whether any noted an event.
+std::pair<int64_t, bool> record_end(const Group& g) {
+  int64_t end = 0;
+  bool events = false;
   for (const auto& [r, t] : g.ranks) {
-    const uint64_t mine = t->entries.back().seq;
-    (mine == top ? leaders : behind).push_back(r);
-    last = std::min(last, mine);
+    events = events || t->events > 0;
+    end = std::max(end, t->event_us);
+    for (const TraceEntry& e : t->entries) end = std::max({end, e.start_us, e.end_us});
   }
-  if (behind.empty()) {
+  return {end, events};
+}
+
+std::string position(const Group& g) {
+  // The most-behind ranks: the lowest last collective. Ranks between them
+  // and the furthest are in flight (buckets pipeline), not blamed.
+  uint64_t lowest = UINT64_MAX, top = 0;
+  for (const auto& [r, t] : g.ranks) {
+    lowest = std::min(lowest, t->entries.back().seq);
+    top = std::max(top, t->entries.back().seq);
+  }
+  std::vector<int> behind, others;
+  for (const auto& [r, t] : g.ranks) {
+    (t->entries.back().seq == lowest ? behind : others).push_back(r);
+  }
+  const auto [end_us, events] = record_end(g);
+  const std::string quiet = events ? "" : "; no rank noted a failure";
+  if (lowest == top) {
     std::vector<int> unfinished;
     for (const auto& [r, t] : g.ranks) {
       if (t->entries.back().state != State::kCompleted) unfinished.push_back(r);
     }
     const TraceEntry& e = g.ranks.begin()->second->entries.back();
     return unfinished.empty()
-               ? fmt::format("every rank completed its last collective, {}: the failure was "
-                             "outside the collectives",
-                             short_entry(e))
-               : fmt::format("every rank reached {}; {} did not complete it", short_entry(e),
-                             ranks_text(unfinished));
+               ? fmt::format("every rank here completed its last collective, {}{}", short_entry(e),
+                             events ? ": the failure was outside the collectives" : quiet)
+               : fmt::format("every rank here reached {}; {} did not complete it{}",
+                             short_entry(e), ranks_text(unfinished), quiet);
   }
   // The first collective the others issued after the most-behind rank's last.
-  const auto& index = g.by_seq.at(leaders.front());
-  auto next = index.upper_bound(last);
-  const TraceEntry& e = next != index.end() ? *next->second : *index.rbegin()->second;
+  const TraceEntry* e = nullptr;
+  for (int r : others) {
+    const auto& index = g.by_seq.at(r);
+    auto next = index.upper_bound(lowest);
+    if (next != index.end() && (e == nullptr || next->second->seq < e->seq)) e = next->second;
+  }
+  if (e == nullptr) e = &g.ranks.at(others.front())->entries.back();  // wrapped past it
+  // A job stopped from outside (Ctrl-C) while healthy looks the same, the
+  // ranks a few milliseconds apart: with nothing noted, the verdict says so.
+  const int64_t gap_ms = (end_us - e->start_us) / 1000;
+  const std::string hedge =
+      !events && gap_ms < 1000
+          ? fmt::format(". Only {} ms before the records end and no failure noted: if the job "
+                        "was stopped from outside while healthy, nobody is to blame",
+                        gap_ms)
+          : "";
   std::string waited;
-  for (int r : leaders) {
-    const TraceEntry* mine = g.at(r, e.seq);
+  for (int r : others) {
+    const TraceEntry* mine = g.at(r, e->seq);
     waited += fmt::format("{}rank {} {}", waited.empty() ? "" : "; ", r,
                           mine != nullptr ? outcome(*mine) : "has no record of it");
   }
-  return fmt::format("{} {} behind: the others issued {}, which {} never started ({})",
-                     ranks_text(behind), behind.size() == 1 ? "is" : "are", short_entry(e),
-                     behind.size() == 1 ? "it" : "they", waited);
+  return fmt::format("{} {} behind: the others issued {}, which {} never started ({}){}",
+                     ranks_text(behind), behind.size() == 1 ? "is" : "are", short_entry(*e),
+                     behind.size() == 1 ? "it" : "they", waited, hedge);
 }
 
 std::string rank_line(int r, const RankTrace& t) {
@@ -379,8 +414,10 @@ std::vector<RankTrace> read_trace_dir(const std::string& dir, std::vector<std::s
 }
 
 std::string verdict(const std::vector<RankTrace>& traces) {
-  std::map<std::string, std::vector<const RankTrace*>> groups;
-  for (const RankTrace& t : traces) groups[t.group].push_back(&t);
+  // Rings of one group name but different world sizes come from different
+  // jobs: judged apart.
+  std::map<std::pair<std::string, int>, std::vector<const RankTrace*>> groups;
+  for (const RankTrace& t : traces) groups[{t.group, t.world_size}].push_back(&t);
   std::string out;
   for (const auto& [name, ranks] : groups) {
     for (const std::string& line : group_verdict(ranks)) out += line + "\n";

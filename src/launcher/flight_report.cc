@@ -39,7 +39,7 @@ std::string flight_dir_of_attempt(const std::string& attempt_dir) {
 }
 
 std::string flight_report(const std::string& dir, const std::string& copy_to,
-                          const std::vector<int>& pids) {
+                          const std::vector<int>& pids, bool* copy_failed) {
   std::vector<flight::RankTrace> traces;
   std::vector<std::string> skipped;
   try {
@@ -54,19 +54,21 @@ std::string flight_report(const std::string& dir, const std::string& copy_to,
                               }),
                traces.end());
   if (traces.empty() && skipped.empty()) return "";
-  std::string kept = dir;
-  std::string out;
+  std::string kept = dir, note;
   if (!copy_to.empty()) {
     const std::string error = copy_rings(traces, copy_to);
     if (error.empty()) {
       kept = copy_to;
     } else {
-      out += fmt::format("could not keep the flight records: {}\n", error);
+      *copy_failed = true;
+      note = fmt::format("  (not copied to {}: {}; the run directory is kept instead)\n", copy_to,
+                         error);
     }
   }
-  out += fmt::format("flight records of this node's ranks in {} (ddp-trace {} says the same; "
-                     "--json for every collective):\n",
-                     kept, kept);
+  std::string out = fmt::format("flight records of this node's ranks in {} (read them with "
+                                "ddp-trace {}; --json for every collective):\n",
+                                kept, kept) +
+                    note;
   std::string text = flight::verdict(traces);
   for (size_t start = 0; start < text.size();) {
     size_t end = text.find('\n', start);

@@ -18,10 +18,11 @@ std::string flight_dir_of_attempt(const std::string& attempt_dir);
 // as lines for the console,
 // and where the rings are kept. When `copy_to` is not empty (the run
 // directory is temporary and goes with ddprun) the rings are first copied
-// there. "" when `dir` holds no ring (the program uses no ddp process
+// there; if that fails, *copy_failed is set and the text names `dir`,
+// which the caller must then keep. "" when `dir` holds no ring (the program uses no ddp process
 // group, or turned the recorder off). Never throws: a failure to read or
 // copy is reported in the text.
 std::string flight_report(const std::string& dir, const std::string& copy_to,
-                          const std::vector<int>& pids);
+                          const std::vector<int>& pids, bool* copy_failed);
 
 }  // namespace ddp::launcher

@@ -27,7 +27,7 @@ namespace {
 struct Job {
   const LaunchOptions& o;
   std::string program;  // resolved path
-  const RunDir& dir;
+  RunDir& dir;
   SignalWatch& signals;
 
   GroupSpec spec(const AttemptInfo& attempt) const {
@@ -78,7 +78,9 @@ void report_flight_records(const Job& job, int restart_count,
   if (copy_to.empty() && own != nullptr && *own != '\0') {
     for (const WorkerResult& w : local) pids.push_back(static_cast<int>(w.pid));
   }
-  const std::string text = flight_report(dir, copy_to, pids);
+  bool copy_failed = false;
+  const std::string text = flight_report(dir, copy_to, pids, &copy_failed);
+  if (copy_failed) job.dir.keep();  // the text names it
   if (!text.empty()) write_all(STDERR_FILENO, "ddprun: " + text);
 }
 

@@ -94,6 +94,13 @@ RunDir::~RunDir() {
   if (!keep_) remove_tree(path_);
 }
 
+void RunDir::keep() {
+  if (keep_) return;
+  keep_ = true;
+  ::unlink((path_ + "/" + kOwnerFile).c_str());  // remove_stale_run_dirs leaves it then
+  launcher_message(fmt::format("keeping the run directory {}", path_));
+}
+
 std::string RunDir::attempt_dir(int restart_count) const {
   return fmt::format("{}/attempt_{}", path_, restart_count);
 }

@@ -26,6 +26,9 @@ class RunDir {
 
   const std::string& path() const { return path_; }
   bool kept() const { return keep_; }  // false: removed when ddprun exits
+  // Keeps a temporary directory after all (the flight records could not be
+  // copied out of it): no longer removed, by this ddprun or a later one.
+  void keep();
   std::string attempt_dir(int restart_count) const;
 
  private:

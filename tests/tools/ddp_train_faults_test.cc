@@ -110,19 +110,23 @@ TEST_F(DdpTrainFaults, SigkillIsNamed) {
   EXPECT_FALSE(lines_with(r.err, "rank 1").empty()) << r.err;
   EXPECT_LT(took_, 60.0);
   expect_nothing_left();
-  // Killed before step 4's backward: rank 0 went on into a gradient bucket's
-  // all_reduce that rank 1 never started; rank 1's ring (a mapped file)
-  // survived its SIGKILL.
-  EXPECT_TRUE(has(r.err, "rank 1 is behind: the others issued #")) << r.err;
-  EXPECT_TRUE(has(r.err, "all_reduce of gradient bucket 0 of 2 (iteration 3)")) << r.err;
+  // Killed before step 4's backward; rank 1's ring (a mapped file) survived
+  // its SIGKILL. Whether rank 0 had reached the first gradient bucket's
+  // all_reduce before ddprun stopped it is a race (ddprun reacts within
+  // milliseconds): the verdict says either.
+  EXPECT_TRUE(has(r.err, "rank 1 is behind: the others issued #25 all_reduce of gradient bucket 0 "
+                         "of 2 (iteration 3)") ||
+              has(r.err, "every rank here completed its last collective, #24 broadcast"))
+      << r.err;
   std::vector<std::string> kept = entries_of(dir_, "ddp_flight_ddprun_");
   ASSERT_EQ(kept.size(), 1u) << r.err;
   EXPECT_TRUE(has(kept[0], "_attempt_0")) << kept[0];
   EXPECT_TRUE(has(r.err, "flight records of this node's ranks in " + kept[0])) << r.err;
   EXPECT_EQ(entries_of(dir_ + "/" + kept[0], "ddp_flight_default_rank").size(), 2u);
   std::string verdict = trace(dir_ + "/" + kept[0]);
-  EXPECT_TRUE(has(verdict, "rank 1 is behind: the others issued #")) << verdict;
+  EXPECT_TRUE(has(verdict, "process group 'default' (gloo, 2 ranks): ")) << verdict;
   EXPECT_TRUE(has(verdict, "rank 1 (pid ")) << verdict;
+  EXPECT_TRUE(has(verdict, "last #24 broadcast")) << verdict;
   EXPECT_TRUE(has(verdict, "no event noted")) << verdict;
 }
 

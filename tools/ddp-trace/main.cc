@@ -9,6 +9,8 @@
 #include <CLI/CLI.hpp>
 #include <sys/stat.h>
 
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -33,13 +35,17 @@ int main(int argc, char** argv) {
   for (const std::string& p : paths) {
     struct stat st{};
     if (::stat(p.c_str(), &st) != 0) {
-      problems.push_back(p + ": no such file or directory");
+      problems.push_back(p + ": " + std::strerror(errno));
       continue;
     }
     try {
       if (S_ISDIR(st.st_mode)) {
+        const size_t before = problems.size();
         auto more = ddp::flight::read_trace_dir(p, &problems);
-        if (more.empty()) problems.push_back(p + ": no ddp_flight_*.bin file in it");
+        if (more.empty() && problems.size() == before) {
+          problems.push_back(p + ": no ddp_flight_*.bin file in it (ddprun's kept run "
+                                 "directories hold them in attempt_<K>/flight)");
+        }
         traces.insert(traces.end(), more.begin(), more.end());
       } else {
         traces.push_back(ddp::flight::read_trace(p));
@@ -50,6 +56,7 @@ int main(int argc, char** argv) {
   }
   for (const std::string& p : problems) std::cerr << "ddp-trace: " << p << "\n";
   if (traces.empty()) {
+    if (json) std::cout << "[]\n";
     std::cerr << "ddp-trace: no flight record read. Records are written under "
                  "DDP_FLIGHT_RECORDER_DIR (ddprun: its run directory, kept after a failure), "
                  "or the working directory at an event\n";
