@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "ddp/error.h"
 #include "ddp/flight_recorder.h"
@@ -64,16 +66,13 @@ bool write_all(int fd, const char* p, size_t n) noexcept {
 }
 
 void make_directories(const std::string& dir) {
-  for (size_t i = 1; i <= dir.size(); ++i) {
-    if (i == dir.size() || dir[i] == '/') {
-      const std::string prefix = dir.substr(0, i);
-      if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-        throw InvalidArgument(fmt::format(
-            "flight recorder: cannot create directory '{}' ({}): set DDP_FLIGHT_RECORDER_DIR to "
-            "a writable directory, or DDP_FLIGHT_RECORDER_ENTRIES=0 to turn the recorder off",
-            prefix, std::strerror(errno)));
-      }
-    }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    throw InvalidArgument(fmt::format(
+        "flight recorder: cannot create directory '{}' ({}): set DDP_FLIGHT_RECORDER_DIR to a "
+        "writable directory, or DDP_FLIGHT_RECORDER_ENTRIES=0 to turn the recorder off",
+        dir, ec.message()));
   }
 }
 

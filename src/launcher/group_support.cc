@@ -10,6 +10,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -35,14 +36,9 @@ StreamRoute stream_route(const LaunchOptions& o, int local_rank, int which,
 }
 
 void make_directories(const std::string& path) {
-  std::string::size_type pos = 0;
-  while (pos != std::string::npos) {
-    pos = path.find('/', pos + 1);
-    std::string part = path.substr(0, pos);
-    if (part.empty() || ::mkdir(part.c_str(), 0755) == 0 || errno == EEXIST) continue;
-    throw InvalidArgument(fmt::format("could not create directory '{}': {}",
-                                      part, std::strerror(errno)));
-  }
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) throw InvalidArgument(fmt::format("could not create directory '{}': {}", path, ec.message()));
 }
 
 std::string existing_error_file(const std::string& attempt_dir, int local_rank) {
