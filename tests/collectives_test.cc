@@ -1,9 +1,10 @@
-// Collectives over N ranks as threads: values for every op, world sizes 1..8
-// (Gloo's own test range), tensor sizes of 0, 1, 4, 1000 and 10000 elements:
-// the shared-memory path cuts a tensor into per-rank slices of whole 64-byte
-// lines, so 4 floats leave all but one rank an empty slice and 1000 floats
-// (62.5 lines) give every world size above 1 uneven slices; argument errors;
-// timeouts.
+// Collectives over N ranks as threads: values for every op, world sizes 1..8,
+// tensor sizes of 0, 1, 4, 1000 and 100003 elements; argument errors;
+// timeouts. The shared-memory path (src/shm/shm_protocol.cc) reduces up to
+// 256 KiB in one shot, reading every rank's whole tensor: 4 and 1000 floats
+// are not whole 64-byte lines. Above that it gives each rank a slice of whole
+// lines to reduce: 100003 floats (400012 bytes) leave the last slice shorter
+// than the others at every world size above 1.
 #include "ddp/collectives.h"
 
 #include <ATen/ops/arange.h>
@@ -29,16 +30,18 @@ class CollectivesTest : public ::testing::TestWithParam<std::tuple<int, int64_t>
   int64_t numel() const { return std::get<1>(GetParam()); }
 };
 
-// Rank r's input: [r+1, r+2, ...] so every op has a distinct known result.
-at::Tensor input(int rank, int64_t n) {
-  return at::arange(n, at::kFloat) + (rank + 1);
-}
+// [0, 1, ..., 999, 0, 1, ...]: small enough that the product over 8 ranks
+// stays far from float's range (about 1e24) and sums are exact.
+at::Tensor base_of(int64_t n) { return at::arange(n, at::kFloat).remainder(1000); }
+
+// Rank r's input: base + r + 1, so every op has a distinct known result.
+at::Tensor input(int rank, int64_t n) { return base_of(n) + (rank + 1); }
 
 TEST_P(CollectivesTest, AllReduceOps) {
   const int W = world();
   const int64_t n = numel();
   run_ranks(W, [&](int r) {
-    at::Tensor base = at::arange(n, at::kFloat);
+    at::Tensor base = base_of(n);
     struct Case { ReduceOp op; at::Tensor expect; };
     // sum_r (i + r + 1) = W*i + W(W+1)/2
     std::vector<Case> cases = {
@@ -91,14 +94,14 @@ TEST_P(CollectivesTest, AllGatherGatherScatterReduce) {
     at::Tensor red = input(r, n);
     reduce(red, 0, ReduceOp::SUM);
     if (r == 0) {
-      EXPECT_TRUE(red.allclose(at::arange(n, at::kFloat) * W + W * (W + 1) / 2.0));
+      EXPECT_TRUE(red.allclose(base_of(n) * W + W * (W + 1) / 2.0));
     }
   });
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndSizes, CollectivesTest,
                          ::testing::Combine(::testing::Range(1, 9),
-                                            ::testing::Values<int64_t>(0, 1, 4, 1000, 10000)));
+                                            ::testing::Values<int64_t>(0, 1, 4, 1000, 100003)));
 
 TEST(Collectives, AsyncAllReduceAndBarrier) {
   run_ranks(3, [](int r) {

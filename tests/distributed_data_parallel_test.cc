@@ -203,7 +203,7 @@ TEST_P(DdpWorlds, NoSyncAccumulationEqualsLargerBatch) {
   for (int r = 0; r < W; ++r) expect_same_state(states[r], state_of(ref), "rank " + std::to_string(r));
 }
 
-// World sizes 1..8, the range of Gloo's own tests.
+// World sizes 1..8: odd ones (1/W not a power of two) and more ranks than cores.
 INSTANTIATE_TEST_SUITE_P(W, DdpWorlds, ::testing::Range(1, 9));
 
 }  // namespace
