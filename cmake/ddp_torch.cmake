@@ -7,12 +7,15 @@
 # "Which libtorch").
 #
 # Sets:
-#   DDP_TORCH_VERSION   e.g. 2.13.0 or 1.13.1
+#   DDP_TORCH_VERSION   e.g. 2.14.1, 2.13.0 or 1.13.1
+#   DDP_CUDA, DDP_CUDA_INCLUDE_DIRS, DDP_WITH_NCCL  (cmake/ddp_cuda.cmake)
 #   DDP_FMT             the fmt target every ddp target links (see below)
 #   DDP_GLOO_INCLUDE_DIR  Gloo's headers, for src/compat/gloo_backend.cc only
 #   DDP_PYTHON          the Python whose torch is this libtorch: the oracle of
 #                       the tests and the anchor of the benchmarks ("" if none)
 
+include(${CMAKE_CURRENT_LIST_DIR}/ddp_cuda.cmake)
+ddp_cuda_before_torch()  # a CUDA libtorch's package needs the toolkit and nvrtc found
 find_package(Torch REQUIRED)
 
 # --- one libtorch, not two ---------------------------------------------------
@@ -66,6 +69,7 @@ foreach(dir ${TORCH_INCLUDE_DIRS})
   endforeach()
 endforeach()
 message(STATUS "libtorch ${DDP_TORCH_VERSION} in ${TORCH_INSTALL_PREFIX}")
+ddp_cuda_after_torch()  # DDP_CUDA, DDP_CUDA_INCLUDE_DIRS, DDP_WITH_NCCL
 
 # --- fmt ---------------------------------------------------------------------
 # libtorch 2.x ships fmt's headers (fmt 12 in 2.13) in its include directory,
