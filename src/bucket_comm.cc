@@ -23,11 +23,11 @@ class FusedAllReduce : public BucketComm {
   std::string name() const override { return "built-in all_reduce (fused with the used flags)"; }
 
   void launch(const BucketIo& b) override {
-    if (b.index == 0) works_.assign(b.count, Work());
+    if (b.index == 0) works_.assign(b.count, nullptr);
     CollectiveOptions copts{c_.group, c_.timeout};
     std::vector<at::Tensor> tensors{b.flat};
     BucketScope scope(b.iteration, static_cast<int>(b.index));
-    works_.at(b.index) = Work(start_work(
+    works_.at(b.index) = (start_work(
         copts,
         fmt::format("all_reduce of gradient bucket {} of {} (iteration {})", b.index, b.count,
                     b.iteration),
@@ -39,13 +39,20 @@ class FusedAllReduce : public BucketComm {
         [&] { return "all_reduce SUM " + describe_tensors(tensors); }));
   }
 
+  // Every bucket on the stream first, then on the host (Note [CUDA buckets]
+  // in reducer.h; on CPU both are the one wait).
   void wait(const std::vector<BucketIo>&) override {
-    for (Work& w : works_) w.wait();
+    for (auto& w : works_) {
+      if (w) w->wait_stream();
+    }
+    for (auto& w : works_) {
+      if (w) w->wait();
+    }
   }
 
  private:
   BucketCommContext c_;
-  std::vector<Work> works_;
+  std::vector<std::shared_ptr<WorkImpl>> works_;
 };
 
 // A user's CommHook per bucket, then every bucket's flags in one all_reduce.

@@ -24,13 +24,39 @@ namespace {
 using detail::start_work;
 using std::chrono::milliseconds;
 
-void check_tensor(const at::Tensor& t, const char* op, const char* what) {
+// Note [Staging on NCCL]
+// NCCL moves CUDA tensors only, and PyTorch refuses anything else on a NCCL
+// group. ddp's collectives take CPU tensors there too: such a tensor is
+// copied to the group's device (ProcessGroup::device()), the collective runs
+// there, and the result is copied back once the collective has completed
+// on the host's watch (WorkImpl::then_on_host), so the wait stays bounded
+// by the timeout. ddp's own small collectives (metrics, join's count, the
+// string helpers, checkpoint outcomes, the bucket rebuild) rely on it. It
+// costs a copy each way: give large tensors on the device. A CUDA tensor on
+// another GPU than the group's is refused.
+bool staged(const detail::ProcessGroupImpl& g, const at::Tensor& t) {
+  return g.backend_name == "nccl" && !t.is_cuda();
+}
+
+at::Tensor on_group_device(const detail::ProcessGroupImpl& g, const at::Tensor& t) {
+  return staged(g, t) ? t.to(g.device) : t;
+}
+
+void check_tensor(const at::Tensor& t, const char* op, const char* what,
+                  const CollectiveOptions& options) {
   if (!t.defined()) {
     throw InvalidArgument(fmt::format("{}: {} is an undefined tensor", op, what));
   }
   if (!t.is_contiguous()) {
     throw InvalidArgument(fmt::format(
         "{}: {} must be contiguous (call .contiguous() first)", op, what));
+  }
+  const detail::ProcessGroupImpl& g = detail::resolve_group(options).impl();
+  if (g.backend_name == "nccl" && t.is_cuda() && t.device() != g.device) {
+    throw InvalidArgument(fmt::format(
+        "{}: {} is on {}, but this rank's NCCL group uses {} (InitOptions::device_id, "
+        "cuda:LOCAL_RANK by default); move it there with .to({})",
+        op, what, t.device().str(), g.device.str(), g.device.str()));
   }
 }
 
@@ -66,6 +92,12 @@ void check_avg(const at::Tensor& t, ReduceOp op, const char* name) {
 
 Work wrap(std::shared_ptr<detail::WorkImpl> w) { return Work(std::move(w)); }
 
+std::vector<at::Tensor> empty_likes(const at::Tensor& t, int n) {
+  std::vector<at::Tensor> out;
+  for (int i = 0; i < n; ++i) out.push_back(at::empty_like(t));
+  return out;
+}
+
 }  // namespace
 
 const char* to_string(ReduceOp op) {
@@ -96,24 +128,26 @@ bool widen_bfloat16(detail::ProcessGroupImpl& group, const at::Tensor& t, Reduce
 
 Work all_reduce_async(at::Tensor& tensor, ReduceOp op,
                       const CollectiveOptions& options) {
-  check_tensor(tensor, "all_reduce", "tensor");
+  check_tensor(tensor, "all_reduce", "tensor", options);
   check_avg(tensor, op, "all_reduce");
   detail::ProcessGroupImpl& group = detail::resolve_group(options).impl();
   const bool widen = widen_bfloat16(group, tensor, op);
-  std::vector<at::Tensor> tensors{widen ? tensor.to(at::kFloat) : tensor};
+  const bool stage = staged(group, tensor);
+  std::vector<at::Tensor> tensors{widen ? tensor.to(at::kFloat) : on_group_device(group, tensor)};
   auto w = start_work(options, "all_reduce", [&](compat::Backend& b, milliseconds t) {
     c10d::AllreduceOptions o;
     o.reduceOp = to_c10d(op);
     o.timeout = t;
     return detail::backend_all_reduce(group, b, tensors, o);
   }, [&] { return fmt::format("all_reduce {} {}", to_string(op), detail::describe_tensors(tensors)); });
-  if (op == ReduceOp::AVG || widen) {
+  if (op == ReduceOp::AVG || widen || stage) {
     int size = op == ReduceOp::AVG ? w->group->size() : 1;
     at::Tensor out = tensor, result = tensors[0];
     w->then = [out, result, size]() mutable {
       if (size != 1) result.div_(size);
       if (!result.is_same(out)) out.copy_(result);
     };
+    w->then_on_host = stage;
   }
   return wrap(std::move(w));
 }
@@ -123,16 +157,22 @@ void all_reduce(at::Tensor& tensor, ReduceOp op, const CollectiveOptions& option
 }
 
 Work broadcast_async(at::Tensor& tensor, int src, const CollectiveOptions& options) {
-  check_tensor(tensor, "broadcast", "tensor");
+  check_tensor(tensor, "broadcast", "tensor", options);
   check_root(src, "broadcast", "src", options);
-  std::vector<at::Tensor> tensors{tensor};
   detail::ProcessGroupImpl& group = detail::resolve_group(options).impl();
-  return wrap(start_work(options, "broadcast", [&](compat::Backend& b, milliseconds t) {
+  std::vector<at::Tensor> tensors{on_group_device(group, tensor)};
+  auto w = start_work(options, "broadcast", [&](compat::Backend& b, milliseconds t) {
     c10d::BroadcastOptions o;
     o.rootRank = src;
     o.timeout = t;
     return detail::backend_broadcast(group, b, tensors, o);
-  }, [&] { return fmt::format("broadcast src={} {}", src, detail::describe_tensors(tensors)); }));
+  }, [&] { return fmt::format("broadcast src={} {}", src, detail::describe_tensors(tensors)); });
+  if (staged(group, tensor)) {
+    at::Tensor out = tensor, result = tensors[0];
+    w->then = [out, result]() mutable { out.copy_(result); };
+    w->then_on_host = true;
+  }
+  return wrap(std::move(w));
 }
 
 void broadcast(at::Tensor& tensor, int src, const CollectiveOptions& options) {
@@ -141,44 +181,53 @@ void broadcast(at::Tensor& tensor, int src, const CollectiveOptions& options) {
 
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor,
                                    const CollectiveOptions& options) {
-  check_tensor(tensor, "all_gather", "tensor");
-  int size = detail::resolve_group(options).size();
+  check_tensor(tensor, "all_gather", "tensor", options);
+  const detail::ProcessGroupImpl& group = detail::resolve_group(options).impl();
+  if (tensor.numel() == 0) return empty_likes(tensor, group.size);  // Note [Empty tensors]
+  std::vector<at::Tensor> inputs{on_group_device(group, tensor)};
   std::vector<std::vector<at::Tensor>> outputs(1);
-  for (int i = 0; i < size; ++i) outputs[0].push_back(at::empty_like(tensor));
-  if (tensor.numel() == 0) return outputs[0];  // Note [Empty tensors]
-  std::vector<at::Tensor> inputs{tensor};
+  for (int i = 0; i < group.size; ++i) outputs[0].push_back(at::empty_like(inputs[0]));
   wrap(start_work(options, "all_gather", [&](compat::Backend& b, milliseconds t) {
     c10d::AllgatherOptions o;
     o.timeout = t;
     return b.allgather(outputs, inputs, o);
   }, [&] { return "all_gather " + detail::describe_tensors(inputs); })).wait();
+  if (staged(group, tensor)) {
+    for (at::Tensor& out : outputs[0]) out = out.to(tensor.device());
+  }
   return outputs[0];
 }
 
 std::vector<at::Tensor> gather(const at::Tensor& tensor, int dst,
                                const CollectiveOptions& options) {
-  check_tensor(tensor, "gather", "tensor");
+  check_tensor(tensor, "gather", "tensor", options);
   check_root(dst, "gather", "dst", options);
   const ProcessGroup& g = detail::resolve_group(options);
+  if (tensor.numel() == 0) {  // Note [Empty tensors]
+    return g.rank() == dst ? empty_likes(tensor, g.size()) : std::vector<at::Tensor>{};
+  }
+  std::vector<at::Tensor> inputs{on_group_device(g.impl(), tensor)};
   std::vector<std::vector<at::Tensor>> outputs;
   if (g.rank() == dst) {
     outputs.emplace_back();
-    for (int i = 0; i < g.size(); ++i) outputs[0].push_back(at::empty_like(tensor));
+    for (int i = 0; i < g.size(); ++i) outputs[0].push_back(at::empty_like(inputs[0]));
   }
-  if (tensor.numel() == 0) return outputs.empty() ? std::vector<at::Tensor>{} : outputs[0];
-  std::vector<at::Tensor> inputs{tensor};
   wrap(start_work(options, "gather", [&](compat::Backend& b, milliseconds t) {
     c10d::GatherOptions o;
     o.rootRank = dst;
     o.timeout = t;
     return b.gather(outputs, inputs, o);
   }, [&] { return fmt::format("gather dst={} {}", dst, detail::describe_tensors(inputs)); })).wait();
-  return outputs.empty() ? std::vector<at::Tensor>{} : outputs[0];
+  if (outputs.empty()) return {};
+  if (staged(g.impl(), tensor)) {
+    for (at::Tensor& out : outputs[0]) out = out.to(tensor.device());
+  }
+  return outputs[0];
 }
 
 void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src,
              const CollectiveOptions& options) {
-  check_tensor(output, "scatter", "output");
+  check_tensor(output, "scatter", "output", options);
   check_root(src, "scatter", "src", options);
   const ProcessGroup& g = detail::resolve_group(options);
   std::vector<std::vector<at::Tensor>> in;
@@ -189,7 +238,7 @@ void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src,
           src, g.size(), inputs.size()));
     }
     for (size_t i = 0; i < inputs.size(); ++i) {
-      check_tensor(inputs[i], "scatter", "inputs[i]");
+      check_tensor(inputs[i], "scatter", "inputs[i]", options);
       if (inputs[i].sizes() != output.sizes() ||
           inputs[i].scalar_type() != output.scalar_type()) {
         throw InvalidArgument(fmt::format(
@@ -197,24 +246,27 @@ void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int src,
             detail::describe_tensor(inputs[i]), detail::describe_tensor(output)));
       }
     }
-    in.push_back(inputs);
+    in.emplace_back();
+    for (const at::Tensor& t : inputs) in[0].push_back(on_group_device(g.impl(), t));
   }
   if (output.numel() == 0) return;  // Note [Empty tensors]
-  std::vector<at::Tensor> outputs{output};
+  std::vector<at::Tensor> outputs{on_group_device(g.impl(), output)};
   wrap(start_work(options, "scatter", [&](compat::Backend& b, milliseconds t) {
     c10d::ScatterOptions o;
     o.rootRank = src;
     o.timeout = t;
     return b.scatter(outputs, in, o);
   }, [&] { return fmt::format("scatter src={} {}", src, detail::describe_tensors(outputs)); })).wait();
+  if (!outputs[0].is_same(output)) output.copy_(outputs[0]);
 }
 
 void reduce(at::Tensor& tensor, int dst, ReduceOp op,
             const CollectiveOptions& options) {
-  check_tensor(tensor, "reduce", "tensor");
+  check_tensor(tensor, "reduce", "tensor", options);
   check_root(dst, "reduce", "dst", options);
   check_avg(tensor, op, "reduce");
-  std::vector<at::Tensor> tensors{tensor};
+  const detail::ProcessGroupImpl& group = detail::resolve_group(options).impl();
+  std::vector<at::Tensor> tensors{on_group_device(group, tensor)};
   auto w = start_work(options, "reduce", [&](compat::Backend& b, milliseconds t) {
     c10d::ReduceOptions o;
     o.reduceOp = to_c10d(op);
@@ -222,10 +274,15 @@ void reduce(at::Tensor& tensor, int dst, ReduceOp op,
     o.timeout = t;
     return b.reduce(tensors, o);
   }, [&] { return fmt::format("reduce {} dst={} {}", to_string(op), dst, detail::describe_tensors(tensors)); });
-  if (op == ReduceOp::AVG && w->group->rank() == dst) {
-    int size = w->group->size();
-    at::Tensor out = tensor;
-    w->then = [out, size]() mutable { out.div_(size); };
+  const bool average = op == ReduceOp::AVG && w->group->rank() == dst;
+  if (average || staged(group, tensor)) {
+    int size = average ? w->group->size() : 1;
+    at::Tensor out = tensor, result = tensors[0];
+    w->then = [out, result, size]() mutable {
+      if (size != 1) result.div_(size);
+      if (!result.is_same(out)) out.copy_(result);
+    };
+    w->then_on_host = staged(group, tensor);
   }
   wrap(std::move(w)).wait();
 }

@@ -29,6 +29,7 @@ class DdpCore {
   bool wants_outputs() const { return syncing_now(); }
   bool syncing_now() const { return at::GradMode::is_enabled() && grad_sync_; }
   DdpStats stats() const;
+  at::Tensor input_to_device(const at::Tensor& input, size_t index) const;
   void register_comm_hook(CommHook hook, std::string name) {
     reducer_->register_comm_hook(std::move(hook), std::move(name));
   }
@@ -57,6 +58,7 @@ class DdpCore {
   bool buffers_due() const;
   void sync_buffers(bool candidate);
   void check_options() const;
+  void check_group_device() const;
   void check_no_sparse_gradients() const;
   void check_model_unchanged() const;
   std::string describe_model_change() const;
@@ -75,6 +77,7 @@ class DdpCore {
     std::vector<int64_t> sizes;
   };
   std::vector<WrappedParam> wrapped_;
+  std::optional<c10::Device> device_;  // the parameters' device (none: no parameters)
   ProcessGroupPtr group_;
   CollectiveOptions copts_;
   std::vector<at::Tensor> buffers_;

@@ -8,7 +8,8 @@
 // switch, the debug mode and the stall warning when a process group is
 // created (new_process_group), the rendezvous file and the Gloo interface
 // in its rendezvous, the log level and the rank prefix once, at the first
-// line that needs them (logging.cc; set_log_level overrides the level).
+// line that needs them (logging.cc; set_log_level overrides the level),
+// DDP_REDUCE_AT_WORLD_SIZE_1 when a DistributedDataParallel is constructed.
 //
 // Thread safety: as read_launch_env(): safe with other readers, not with
 // setenv.
@@ -46,6 +47,10 @@ struct DdpEnv {
   // DDP_FLIGHT_RECORDER_ENTRIES as set ("" when unset); checked by
   // flight_recorder_entries().
   std::string flight_recorder_entries_text;
+  // DDP_REDUCE_AT_WORLD_SIZE_1=1: DistributedDataParallel reduces its
+  // buckets through the backend even alone in the group (tests of the NCCL
+  // path on one GPU; benchmarks against Python DDP, which always does).
+  bool reduce_alone = false;
 
   // DDP_STALL_WARNING_S in milliseconds; nullopt when unset or empty. Throws
   // InvalidArgument naming the variable when it is not a positive number of

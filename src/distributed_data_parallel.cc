@@ -14,7 +14,9 @@
 
 #include "ddp/error.h"
 #include "ddp_core.h"
+#include "ddp_env.h"
 #include "model_sync.h"
+#include "tensor_text.h"
 
 namespace ddp::detail {
 
@@ -30,6 +32,7 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module,
   std::vector<std::string> names;
   std::vector<at::Tensor> params;
   collect(all, names, params);
+  check_group_device();
   for (const auto& t : all) state_tensors_.push_back(t.tensor);
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     const at::Tensor& t = item.value();
@@ -48,6 +51,7 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module,
   ro.gradient_as_bucket_view = options_.gradient_as_bucket_view;
   ro.static_graph = options_.static_graph;
   ro.timeout = options_.timeout;
+  ro.reduce_alone = read_ddp_env().reduce_alone;
   reducer_ = Reducer::create(std::move(names), std::move(params), group_, ro);
 }
 
@@ -65,6 +69,34 @@ void DdpCore::check_options() const {
         "{{cuda:local_rank}}",
         options_.device_ids.size()));
   }
+}
+
+// NCCL reduces CUDA tensors on the group's device; a CPU module's buckets
+// would be staged through it twice per bucket (Note [Staging on NCCL]),
+// another GPU's would fail inside NCCL.
+void DdpCore::check_group_device() const {
+  if (!device_ || group_->backend() != "nccl" || *device_ == group_->device()) return;
+  throw InvalidArgument(fmt::format(
+      "DistributedDataParallel: the module is on {}, but the process group's backend "
+      "'nccl' reduces tensors on {} (this rank's GPU: InitOptions::device_id, "
+      "cuda:LOCAL_RANK by default). Move the module there first (module->to(ddp::local_device())), "
+      "or use backend 'gloo' for a CPU module",
+      device_->str(), group_->device().str()));
+}
+
+at::Tensor DdpCore::input_to_device(const at::Tensor& input, size_t index) const {
+  if (!input.defined()) return input;
+  if (!options_.device_ids.empty()) {
+    const c10::Device target = options_.device_ids[0];
+    return input.device() == target ? input : input.to(target);
+  }
+  if (!device_ || input.device() == *device_ || !input.is_floating_point()) return input;
+  throw InvalidArgument(fmt::format(
+      "DistributedDataParallel: forward's argument {} is a {} tensor on {}, but the module's "
+      "parameters are on {}. Move it first (.to({})), or construct the wrapper with "
+      "device_ids = {{{}}}, which moves tensor arguments there as PyTorch's DDP does",
+      index + 1, describe_tensor(input), input.device().str(), device_->str(),
+      device_->str(), device_->str()));
 }
 
 // Embedding and EmbeddingBag with sparse=true produce sparse gradients,
@@ -153,7 +185,10 @@ void DdpCore::collect(std::vector<NamedTensor>& all, std::vector<std::string>& n
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     const at::Tensor& t = item.value();
     if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
-    if (!device) device.emplace(item.key(), t.device());
+    if (!device) {
+      device.emplace(item.key(), t.device());
+      device_ = t.device();
+    }
     if (t.device() != device->second) {
       throw InvalidArgument(fmt::format(
           "DistributedDataParallel: parameter '{}' is on {} but '{}' is on {}; "
@@ -269,6 +304,9 @@ void post_forward(DdpCore& core, const std::vector<at::Tensor>& outputs, bool kn
   core.post_forward(outputs, known);
 }
 bool wants_outputs(const DdpCore& core) { return core.wants_outputs(); }
+at::Tensor input_to_device(const DdpCore& core, const at::Tensor& input, size_t index) {
+  return core.input_to_device(input, index);
+}
 void set_grad_sync(DdpCore& core, bool enabled) { core.set_grad_sync(enabled); }
 bool grad_sync(const DdpCore& core) { return core.grad_sync(); }
 void sync_buffers(DdpCore& core) { core.sync_buffers_now(); }

@@ -280,6 +280,7 @@ DdpEnv read_ddp_env() {
   env.flight_recorder_dir = env_str(kFlightRecorderDir);
   env.flight_recorder_entries_text = env_str(kFlightRecorderEntries);
   env.log_rank_prefix = env_str(kLogRankPrefix) != "0";
+  env.reduce_alone = env_is_one_of(kReduceAlone, {"1", "true", "True", "ON", "on"});
   return env;
 }
 

@@ -40,10 +40,12 @@ inline constexpr char kStallWarningS[] = "DDP_STALL_WARNING_S";
 inline constexpr char kGlooSocketIfname[] = "GLOO_SOCKET_IFNAME";
 inline constexpr char kFlightRecorderDir[] = "DDP_FLIGHT_RECORDER_DIR";  // ddprun: its run directory
 inline constexpr char kFlightRecorderEntries[] = "DDP_FLIGHT_RECORDER_ENTRIES";
+inline constexpr char kReduceAlone[] = "DDP_REDUCE_AT_WORLD_SIZE_1";
 
 // Written by ddprun for the program or its runtime, not read by libddp.
 inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";  // ddp-train reads it
 inline constexpr char kNcclAsyncErrorHandling[] = "NCCL_ASYNC_ERROR_HANDLING";
+inline constexpr char kTorchNcclAsyncErrorHandling[] = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
 inline constexpr char kPythonUnbuffered[] = "PYTHONUNBUFFERED";
 inline constexpr char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";  // --virtual-local-rank
 

@@ -1,6 +1,7 @@
 #include "ddp/process_group.h"
 
 #include <fmt/format.h>
+#include <torch/cuda.h>
 
 #include <unistd.h>
 
@@ -77,6 +78,30 @@ detail::MonitorOptions monitor_options(const InitOptions& options) {
   return m;
 }
 
+// The CUDA device of a NCCL rank: InitOptions::device_id, else
+// local_device(). Checked before the rendezvous, so that every rank fails
+// at once rather than the others waiting for it.
+c10::Device nccl_device(const InitOptions& options) {
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (gpus == 0) {
+    throw CommError(
+        "backend 'nccl' needs a CUDA device, and this process sees none (no GPU, "
+        "CUDA_VISIBLE_DEVICES empty, or no driver). Use backend 'gloo' for CPU tensors");
+  }
+  c10::Device d = options.device_id ? *options.device_id : local_device();
+  if (!d.is_cuda()) {
+    throw InvalidArgument(fmt::format(
+        "InitOptions::device_id is {}: backend 'nccl' needs a CUDA device (cuda:N)", d.str()));
+  }
+  if (!d.has_index()) d = c10::Device(c10::kCUDA, 0);
+  if (d.index() >= gpus) {
+    throw InvalidArgument(fmt::format(
+        "InitOptions::device_id is {}, but this process sees {} GPU(s) (cuda:0..cuda:{})",
+        d.str(), gpus, gpus - 1));
+  }
+  return d;
+}
+
 }  // namespace
 
 namespace detail {
@@ -85,6 +110,11 @@ std::string ProcessGroupImpl::describe(const std::string& op,
                                        uint64_t seq) const {
   return fmt::format("{} #{} on rank {} of {} ({})", op, seq, rank, size,
                      backend_name);
+}
+
+void ProcessGroupImpl::abandon() {
+  if (abandoned_work.exchange(true)) return;
+  if (backend && backend_name == "nccl") compat::abort_backend(*backend);
 }
 
 }  // namespace detail
@@ -103,6 +133,8 @@ void publish_fatal_to_groups(const std::string& message) noexcept {
   }
 }
 }  // namespace detail
+
+c10::Device ProcessGroup::device() const { return impl_->device; }
 
 int ProcessGroup::shared_memory_ranks() const {
   return impl_->shm ? impl_->shm->local_size() : 0;
@@ -130,6 +162,11 @@ ProcessGroup::~ProcessGroup() {
   // on its own, never freed.
   if (impl_ && impl_->abandoned_work.load() && impl_->backend) {
     (void)impl_->backend.release();
+  } else if (impl_ && impl_->backend && impl_->backend_name == "nccl") {
+    // Every collective this group's users waited for has completed; NCCL's
+    // graceful teardown would wait for peers that may be gone, its abort
+    // does not.
+    compat::abort_backend(*impl_->backend);
   }
 }
 
@@ -146,8 +183,9 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
         "unknown backend '{}': expected 'gloo' or 'nccl'", options.backend));
   }
   if (options.backend == "nccl" && !compat::nccl_compiled()) {
-    compat::make_nccl({}, 0, 1, options.timeout);  // throws, naming why
+    compat::make_nccl({}, 0, 1, options.timeout, c10::Device(c10::kCPU));  // throws, naming why
   }
+  const c10::Device device = options.backend == "nccl" ? nccl_device(options) : c10::Device(c10::kCPU);
   if (options.gloo_threads < 1) {
     throw InvalidArgument(fmt::format(
         "InitOptions::gloo_threads must be >= 1 (got {})", options.gloo_threads));
@@ -163,13 +201,14 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
   impl->rank = r.rank;
   impl->size = r.size;
   impl->backend_name = options.backend;
+  impl->device = device;
   impl->address = r.address;
   impl->timeout = options.timeout;
   impl->store = r.store;
   try {
     impl->backend =
         options.backend == "nccl"
-            ? compat::make_nccl(r.store, r.rank, r.size, options.timeout)
+            ? compat::make_nccl(r.store, r.rank, r.size, options.timeout, device)
             : compat::make_gloo(r.store, r.rank, r.size, r.gloo_address,
                                 options.gloo_threads, options.timeout);
   } catch (const Error&) {
@@ -232,6 +271,20 @@ ProcessGroupPtr default_group() {
 int get_rank() { return default_group()->rank(); }
 int get_world_size() { return default_group()->size(); }
 int get_local_rank() { return read_launch_env().local_rank; }
+
+c10::Device local_device() {
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (gpus == 0) return c10::Device(c10::kCPU);
+  const int local = get_local_rank();
+  if (local < 0 || local >= gpus) {
+    throw InvalidArgument(fmt::format(
+        "local_device(): LOCAL_RANK {} has no GPU: this process sees {} (cuda:0..cuda:{}). "
+        "Start at most {} processes per node (ddprun --nproc-per-node gpu), or give each "
+        "process its own GPU with CUDA_VISIBLE_DEVICES (ddprun --virtual-local-rank)",
+        local, gpus, gpus - 1, gpus));
+  }
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local));
+}
 bool is_main_process() { return !is_initialized() || get_rank() == 0; }
 
 DefaultGroupGuard::DefaultGroupGuard(ProcessGroupPtr group)

@@ -24,6 +24,8 @@ struct ProcessGroupImpl {
   int rank = 0;
   int size = 1;
   std::string backend_name;
+  // NCCL: the rank's CUDA device (where CPU tensors are staged); else cpu.
+  c10::Device device{c10::kCPU};
   std::string address;  // rendezvous address, for messages
   std::chrono::milliseconds timeout{kDefaultTimeout};
   c10::intrusive_ptr<c10d::Store> store;  // the group's (prefixed) store
@@ -47,6 +49,10 @@ struct ProcessGroupImpl {
   // threads may still be blocked on a dead or unreachable peer, so the
   // backend is never destroyed (see ~ProcessGroup).
   std::atomic<bool> abandoned_work{false};
+
+  // After a timeout or a failed collective: marks the group abandoned and,
+  // for NCCL, aborts its communicators (Note [Device waits] in work.h).
+  void abandon();
 
   void monitor_step(int64_t iteration) {
     step.store(iteration);

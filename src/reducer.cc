@@ -1,5 +1,4 @@
 // Reducer: the per-iteration protocol of Note [Reducer protocol] (reducer.h).
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/mul.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
@@ -17,14 +16,6 @@
 #include "reducer_state.h"
 
 namespace ddp::detail {
-namespace {
-
-double since(std::chrono::steady_clock::time_point t0,
-             std::chrono::steady_clock::time_point t1) {
-  return std::chrono::duration<double>(t1 - t0).count();
-}
-
-}  // namespace
 
 void Reducer::set_iteration_users(int users, int divisor) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -41,7 +32,7 @@ void Reducer::reset_iteration() {
   std::fill(ready_.begin(), ready_.end(), 0);
   for (Bucket& b : buckets_) {
     b.pending = b.params.size();
-    std::fill(b.produced.begin(), b.produced.end(), 0.0f);
+    b.produced.zero_();
   }
   for (Param& p : params_) p.saved_grad = at::Tensor();
   std::fill(hooks_seen_.begin(), hooks_seen_.end(), 0);
@@ -50,7 +41,6 @@ void Reducer::reset_iteration() {
   first_hook_seen_ = false;
   finalize_queued_ = false;
   unreachable_.clear();
-  timing_->launched = false;
 }
 
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs,
@@ -94,7 +84,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs,
   mode_ = Mode::kSync;
   expect_hooks_ = true;
   finalized_ = false;
-  timing_->backward_start = Timing::Clock::now();
+  timing_->clock.begin_sample();
 }
 
 void Reducer::forward_without_sync() {
@@ -244,7 +234,6 @@ void Reducer::autograd_hook(size_t index) {
         params_[index].name));
   }
   mark_ready(index, /*produced=*/true);
-  timing_->last_ready = Timing::Clock::now();
   launch_ready_buckets();
 }
 
@@ -280,7 +269,7 @@ void Reducer::mark_ready(size_t index, bool produced) {
   } else {
     view.zero_();
   }
-  b.produced[p.slot] = produced ? 1.0f : 0.0f;
+  b.produced_data()[p.slot] = produced ? 1.0f : 0.0f;
   ready_[index] = 1;
   --b.pending;
   if (!rebuild_done_ && iterations_ == 0) ready_order_.push_back(index);
@@ -296,13 +285,10 @@ void Reducer::launch(size_t k) {
   Bucket& b = buckets_[k];
   at::NoGradGuard no_grad;
   if (local_only()) return;  // world size 1: nothing to launch, no communication
-  if (!timing_->launched) {
-    timing_->launched = true;
-    timing_->first_launch = Timing::Clock::now();
-  }
+  DeviceClock& clock = timing_->clock;
+  if (!clock.marked(DeviceClock::kFirstLaunch)) clock.mark(DeviceClock::kFirstLaunch);
   if (options_.gradient_as_bucket_view && comm_->prescaled()) b.grads.mul_(b.scale);
-  b.flags.copy_(at::from_blob(b.produced.data(),
-                              {static_cast<int64_t>(b.produced.size())}, at::kFloat));
+  b.flags.copy_(b.produced, /*non_blocking=*/true);  // Note [CUDA buckets]
   start_comm(k);
 }
 
@@ -363,7 +349,7 @@ void Reducer::fence_shared_buckets() {
 void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!expect_hooks_) return;
-  auto compute_end = Timing::Clock::now();
+  timing_->clock.mark(DeviceClock::kComputeEnd);
   expect_hooks_ = false;
   finalized_ = true;
   const bool learning = static_learning();
@@ -379,16 +365,9 @@ void Reducer::finalize_backward() {
     broken_ = true;
     throw;
   }
-  auto end = Timing::Clock::now();
-  Timing& t = *timing_;
-  if (iterations_ > 0) {  // the first iteration includes set-up
-    ++t.samples;
-    t.backward_compute += since(t.backward_start, compute_end);
-    if (!local_only()) {  // at world size 1 both stay 0: nothing is communicated
-      t.backward_comm += since(t.first_launch, end);
-      t.exposed_comm += since(compute_end, end);
-    }
-  }
+  // The first iteration includes set-up; at world size 1 nothing is
+  // launched, so the communication times stay 0.
+  timing_->clock.end_sample(/*sampled=*/iterations_ > 0);
   ++iterations_;
   output_grads_at_finalize_ = output_grads_;
   std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
@@ -400,7 +379,7 @@ void Reducer::wait_and_write_back(std::vector<float>& counts, bool shadow) {
   at::NoGradGuard no_grad;
   if (local_only()) {  // nothing was copied or sent: .grad() is the result
     for (const Bucket& b : buckets_) {
-      for (size_t s = 0; s < b.params.size(); ++s) counts[b.params[s]] = b.produced[s];
+      for (size_t s = 0; s < b.params.size(); ++s) counts[b.params[s]] = b.produced_data()[s];
     }
     return;
   }
@@ -434,7 +413,7 @@ void Reducer::wait_and_write_back(std::vector<float>& counts, bool shadow) {
 
 bool Reducer::produced_here(size_t index) const {
   const Param& p = params_[index];
-  return buckets_[p.bucket].produced[p.slot] > 0.0f;
+  return buckets_[p.bucket].produced_data()[p.slot] > 0.0f;
 }
 
 void Reducer::check_unused(const std::vector<float>& counts) {

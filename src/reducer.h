@@ -62,6 +62,29 @@
 // Threading: the hooks and the callback run on the thread running
 // backward() (CPU) or autograd's device threads (CUDA); all state is guarded
 // by mu_.
+//
+// Note [CUDA buckets]
+// For a module on a GPU the buckets live on its device and every step is
+// queued on a stream, never waited for by the host during backward:
+//   - a hook copies (and pre-scales) its gradient into the bucket on the
+//     calling thread's current stream, which autograd has set to the stream
+//     that produced the gradient; the flags travel from a pinned host
+//     buffer without a wait (non_blocking copy; the buffer is not written
+//     again before the iteration's host wait below);
+//   - a full bucket's all_reduce starts at once: c10d makes its NCCL stream
+//     wait for the current stream, so it reads the finished copies;
+//   - at the end of backward (the engine's callback, on the thread that
+//     called backward(), after autograd has synchronised the leaf streams
+//     with its current stream) every bucket's work is waited for on the
+//     stream first (Note [Device waits] in work.h), then once on the host,
+//     bounded by the timeout: the used flags decide on the host which
+//     .grad() to write and which error to raise, at this backward, as on
+//     CPU. The copies into .grad() are then queued on the current stream,
+//     before any optimizer kernel the caller queues after backward().
+// That one host wait per iteration (PyTorch's reducer makes it only with
+// find_unused_parameters) is the price of naming an unused parameter at
+// the very backward that missed it, and of a NCCL timeout that names the
+// ranks. Timings use CUDA events (Note [Device timing], device_clock.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -87,6 +110,8 @@ struct ReducerOptions {
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
   bool static_graph = false;  // Note [Static graph]
+  // Reduce through the backend even at world size 1 (DDP_REDUCE_AT_WORLD_SIZE_1).
+  bool reduce_alone = false;
   std::optional<std::chrono::milliseconds> timeout;
 };
 
@@ -190,7 +215,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // would give; gradient_as_bucket_view makes no views then).
   // A comm hook is called even then (its rounding applies, as in PyTorch).
   bool local_only() const {
-    return world_size_ == 1 && divisor_ == 1 && comm_->prescaled();
+    return world_size_ == 1 && divisor_ == 1 && comm_->prescaled() && !options_.reduce_alone;
   }
   std::vector<size_t> unreachable_from(const std::vector<at::Tensor>& outputs) const;
   void reset_iteration();

@@ -59,7 +59,8 @@ Reducer::Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
       divisor_(world_size_),
       next_users_(world_size_),
       next_divisor_(world_size_),
-      timing_(std::make_unique<Timing>()) {
+      timing_(std::make_unique<Timing>(params.empty() ? c10::Device(c10::kCPU)
+                                                      : params.front().device())) {
   params_.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     params_[i].name = std::move(names[i]);
@@ -141,7 +142,8 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     bucket.in_shared_memory = shared_buckets_;
     bucket.grads = bucket.flat.narrow(0, 0, bucket.grad_numel);
     bucket.flags = bucket.flat.narrow(0, bucket.grad_numel, n);
-    bucket.produced.assign(bucket.params.size(), 0.0f);
+    bucket.produced = at::zeros(
+        {n}, at::TensorOptions().dtype(at::kFloat).pinned_memory(opts.device().is_cuda()));
     bucket.scale = at::scalar_tensor(1.0 / divisor_, opts);
     for (size_t s = 0; s < bucket.params.size(); ++s) {
       Param& p = params_[bucket.params[s]];
@@ -222,7 +224,8 @@ Reducer::Stats Reducer::stats() const {
   s.iterations = iterations_;
   s.buckets_rebuilt = timing_->rebuilt;
   s.unused_parameters_last = unused_last_;
-  const Timing& t = *timing_;
+  timing_->clock.settle();
+  const DeviceClock::Sums& t = timing_->clock.sums();
   double n = static_cast<double>(std::max<int64_t>(t.samples, 1));
   s.backward_compute_s = t.backward_compute / n;
   s.backward_comm_s = t.backward_comm / n;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "compat/autograd_compat.h"
+#include "device_clock.h"
 #include "ddp/collectives.h"
 #include "reducer.h"
 
@@ -36,20 +37,19 @@ struct Reducer::Bucket {
   int64_t grad_numel = 0;
   at::Tensor flat, grads, flags;
   std::vector<at::Tensor> views;  // shaped like each parameter
-  std::vector<float> produced;    // this iteration's flags, copied at launch
+  // This iteration's flags (float, one per parameter), copied into `flags`
+  // at launch: host memory, pinned for a device bucket (Note [CUDA buckets]).
+  at::Tensor produced;
+  float* produced_data() const { return produced.data_ptr<float>(); }
   at::Tensor scale;               // 1 / world_size, in the bucket's dtype
   size_t pending = 0;             // parameters not ready yet
   bool in_shared_memory = false;  // flat lives in the group's shared memory
 };
 
 struct Reducer::Timing {
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point backward_start, first_launch, last_ready;
-  bool launched = false;
+  explicit Timing(c10::Device device) : clock(device) {}
+  DeviceClock clock;  // Note [Device timing]
   bool rebuilt = false;
-  // Sums over sampled iterations (the first iteration is not sampled).
-  int64_t samples = 0;
-  double backward_compute = 0, backward_comm = 0, exposed_comm = 0;
 };
 
 }  // namespace ddp::detail

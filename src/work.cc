@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <thread>
 
 #include "ddp/error.h"
 #include "ddp/logging.h"
@@ -21,7 +22,10 @@ thread_local int t_bucket = -1;
 // An event's reason for the flight record: its first 300 characters (the
 // record keeps 808 bytes for all its events).
 std::string event_text(const std::string& message) {
-  return message.size() <= 300 ? message : message.substr(0, 297) + "...";
+  if (message.size() <= 300) return message;
+  std::string cut = message.substr(0, 297);
+  cut += "...";
+  return cut;
 }
 
 bool contains_ci(std::string haystack, const std::string& needle) {
@@ -118,6 +122,7 @@ std::shared_ptr<WorkImpl> start_work(
   w->seq = g.next_seq++;
   w->what = g.describe(op, w->seq);
   w->timeout = timeout;
+  w->on_device = g.backend_name == "nccl";
   if (t_step >= 0) g.monitor_step(t_step);
   const bool debug = g.monitor && g.monitor->debug();
   const std::string signature = (g.flight || debug) && fingerprint ? fingerprint() : op;
@@ -154,11 +159,15 @@ void WorkImpl::wait_with_stall_reports() {
     auto now = std::chrono::steady_clock::now();
     auto slice = deadline - now;
     if (monitor) slice = std::min<std::chrono::steady_clock::duration>(slice, monitor->warn_after());
-    try {
-      work->wait(std::chrono::duration_cast<std::chrono::milliseconds>(slice));
-      return;
-    } catch (const std::exception&) {
-      if (work->isCompleted()) throw;  // the operation itself failed
+    if (on_device) {
+      if (completed_within(slice)) return;
+    } else {
+      try {
+        work->wait(std::chrono::duration_cast<std::chrono::milliseconds>(slice));
+        return;
+      } catch (const std::exception&) {
+        if (work->isCompleted()) throw;  // the operation itself failed
+      }
     }
     now = std::chrono::steady_clock::now();
     double waited = std::chrono::duration<double>(now - start).count();
@@ -179,6 +188,20 @@ void WorkImpl::wait_with_stall_reports() {
       flight->note_event(event_text("stall: " + warning).c_str());
     }
   }
+}
+
+// Polls, sleeping 50 us growing to 1 ms: a device collective completes
+// when its kernel does, which no host call waits for with a bound.
+bool WorkImpl::completed_within(std::chrono::steady_clock::duration slice) {
+  const auto deadline = std::chrono::steady_clock::now() + slice;
+  auto nap = std::chrono::microseconds(50);
+  while (!work->isCompleted()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(nap);
+    nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(1));
+  }
+  if (std::exception_ptr e = work->exception()) std::rethrow_exception(e);
+  return true;
 }
 
 void WorkImpl::record_end(flight::State state, const char* reason) {
@@ -210,36 +233,73 @@ std::string WorkImpl::with_stall_report(const std::string& message) const {
   return report.empty() ? message : message + ". " + report;
 }
 
+// Inside a catch block: keeps the operation's error, translated, and ends
+// its flight record and its place in the stall inspector.
+void WorkImpl::finish_with_error() {
+  try {
+    rethrow_as_comm_error(what);
+  } catch (const TimeoutError& e) {
+    group->impl().abandon();
+    TimeoutError full(with_stall_report(e.what()));
+    record_end(flight::State::kTimedOut, full.what());
+    error = std::make_exception_ptr(full);
+  } catch (const CommError& e) {
+    group->impl().abandon();
+    error = with_last_words(e);
+    record_end(flight::State::kFailed, e.what());
+  } catch (const std::exception& e) {
+    error = std::current_exception();
+    record_end(flight::State::kFailed, e.what());
+  } catch (...) {
+    error = std::current_exception();
+    record_end(flight::State::kFailed, "unknown exception");
+  }
+  finished = true;
+  done.store(true);
+  if (auto* monitor = group->impl().monitor.get()) monitor->finished(seq);
+}
+
+// The stream half of a device operation (Note [Device waits]): c10d's wait()
+// with blocking wait off makes the current stream wait and returns; the
+// continuation is queued on that stream after it.
+void WorkImpl::wait_stream() {
+  if (!on_device) return wait();
+  std::lock_guard<std::mutex> lock(mu);
+  if (!finished && !stream_waited) {
+    try {
+      if (work) work->wait();  // no timeout: c10d would block the host with one
+      if (then && !then_on_host) then();
+      stream_waited = true;
+    } catch (...) {
+      finish_with_error();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
 void WorkImpl::wait() {
   std::lock_guard<std::mutex> lock(mu);
   if (!finished) {
     try {
-      wait_with_stall_reports();
-      if (then) then();
-      record_end(flight::State::kCompleted, nullptr);
-    } catch (...) {
-      try {
-        rethrow_as_comm_error(what);
-      } catch (const TimeoutError& e) {
-        group->impl().abandoned_work = true;
-        TimeoutError full(with_stall_report(e.what()));
-        record_end(flight::State::kTimedOut, full.what());
-        error = std::make_exception_ptr(full);
-      } catch (const CommError& e) {
-        group->impl().abandoned_work = true;
-        error = with_last_words(e);
-        record_end(flight::State::kFailed, e.what());
-      } catch (const std::exception& e) {
-        error = std::current_exception();
-        record_end(flight::State::kFailed, e.what());
-      } catch (...) {
-        error = std::current_exception();
-        record_end(flight::State::kFailed, "unknown exception");
+      if (on_device) {
+        if (!stream_waited) {
+          if (work) work->wait();  // no timeout: c10d would block the host with one
+          if (then && !then_on_host) then();
+          stream_waited = true;
+        }
+        wait_with_stall_reports();
+        if (then && then_on_host) then();
+      } else {
+        wait_with_stall_reports();
+        if (then) then();
       }
+      record_end(flight::State::kCompleted, nullptr);
+      finished = true;
+      done.store(true);
+      if (auto* monitor = group->impl().monitor.get()) monitor->finished(seq);
+    } catch (...) {
+      finish_with_error();
     }
-    finished = true;
-    done.store(true);
-    if (auto* monitor = group->impl().monitor.get()) monitor->finished(seq);
   }
   if (error) std::rethrow_exception(error);
 }

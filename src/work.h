@@ -1,6 +1,34 @@
 // Internal: the state of a started operation (the pair of ddp::Work,
 // collectives.h), how operations start, and how their errors are translated
 // (docs/errors.md).
+//
+// Note [Device waits]
+// A Gloo operation's c10d wait() blocks the host until it is done, with a
+// timeout. A NCCL operation's, called without a timeout and with blocking
+// wait off (PyTorch's default; with a timeout it would block the host),
+// only makes the calling thread's current CUDA stream wait for the
+// collective's stream and returns at once: a kernel of a rank that stopped
+// would block the stream, never the host, and only NCCL's watchdog would
+// notice. ddp splits the wait in two:
+//   wait_stream()  c10d's wait: kernels queued next on the current stream
+//                  (the AVG division, a comm hook's decompression, the
+//                  reducer's copies into .grad()) run after the collective;
+//                  the host does not wait. The reducer calls it for every
+//                  bucket, so no bucket costs the host a wait.
+//   wait()         the same, then the host polls the collective's completion
+//                  (work->isCompleted(), which NCCL answers from its end
+//                  event) in slices of the stall-warning threshold, up to
+//                  the timeout: the stall reports and the TimeoutError name
+//                  the ranks that have not arrived, as on Gloo. ddp::Work's
+//                  wait() is this one, so "returns when the result is in
+//                  the tensors" holds on every backend (PyTorch's returns
+//                  earlier on NCCL).
+// After a timeout or a failure the group is abandoned (ProcessGroupImpl::
+// abandon): a NCCL group's communicators are aborted at once, which ends the
+// kernels stuck in them, before NCCL's watchdog (set to the timeout plus a
+// margin, compat::make_nccl) would tear the process down. (With
+// TORCH_NCCL_BLOCKING_WAIT=1 c10d's own wait blocks the host, up to the
+// watchdog's timeout, before ddp's polling starts.)
 #pragma once
 
 #include <atomic>
@@ -27,21 +55,40 @@ struct WorkImpl {
   std::string what;                     // describe() of the operation
   std::chrono::milliseconds timeout{0};
   std::function<void()> then;  // runs once after success (e.g. AVG's divide)
+  // `then` reads the result on the host (a staged CPU tensor, Note [Staging
+  // on NCCL] in collectives.cc): it runs after completion, never after the
+  // stream half alone, so that no copy blocks the host without a bound.
+  bool then_on_host = false;
   uint64_t flight_id = 0;      // the flight recorder's entry (when it has one)
   bool stall_noted = false;    // a stall was noted in the flight record; guarded by mu
+
+  // The operation runs on a device (CUDA tensors, NCCL): c10d's wait()
+  // only makes the calling thread's current stream wait for it (Note
+  // [Device waits]).
+  bool on_device = false;
 
   std::mutex mu;
   bool finished = false;          // guarded by mu
   std::atomic<bool> done{false};  // finished, readable without mu
+  bool stream_waited = false;     // guarded by mu
   std::exception_ptr error;
 
+  // Waits until the operation has completed (ddp::Work::wait()).
   void wait();
+  // Orders the operation before the work queued next on the calling
+  // thread's current stream, without waiting on the host (the continuation
+  // `then` is queued there too); for host operations (Gloo on CPU) the
+  // same as wait(). A later wait() still waits for completion.
+  void wait_stream();
   // Marks the flight record's entry ended and notes `reason` (when not
   // null) as an event of the group's recorder.
   void record_end(flight::State state, const char* reason);
 
  private:
   void wait_with_stall_reports();
+  // Bounded polling of a device operation's completion (Note [Device waits]).
+  bool completed_within(std::chrono::steady_clock::duration slice);
+  void finish_with_error();
   std::string with_stall_report(const std::string& message) const;
   std::exception_ptr with_last_words(const CommError& e) const;
 };

@@ -101,9 +101,12 @@ struct DistributedDataParallelOptions {
   // Verify the model across ranks and broadcast rank 0's parameters and
   // buffers at construction. false skips both (PyTorch 2.x: init_sync).
   bool init_sync = true;
-  // CUDA module: the one device it lives on ({cuda:local_rank}); empty for a
-  // CPU module or to use the parameters' device. More than one device
-  // throws (as in PyTorch, single-device modules only).
+  // CUDA module: the one device it lives on ({cuda:local_rank}, i.e.
+  // {ddp::local_device()}); empty for a CPU module or to use the
+  // parameters' device. With it, forward moves tensor arguments to that
+  // device (PyTorch's DDP does). More than one device, or parameters on
+  // another device, throws InvalidArgument (single-device modules only, as
+  // in PyTorch).
   std::vector<c10::Device> device_ids;
   // Bound on every collective the wrapper issues; unset: the group's.
   std::optional<std::chrono::milliseconds> timeout;
@@ -123,7 +126,10 @@ struct DdpStats {
   int64_t shared_memory_buckets = 0;    // buckets living in the group's shared
                                         // memory (reduced in place, no copy)
   int64_t unused_parameters_last = 0;   // unused in the last iteration
-  double forward_s = 0;                 // forward wall time
+  double forward_s = 0;                 // forward wall time on the host (CUDA:
+                                        // the time to queue its kernels)
+  // Backward times: host clocks for a CPU module, CUDA events on the
+  // streams for a CUDA one (what the GPU did, not what the host queued).
   double backward_compute_s = 0;        // end of forward -> last grad ready
   double backward_comm_s = 0;           // first bucket launch -> all done
                                         // (0 at world size 1: nothing is sent)
@@ -186,6 +192,11 @@ class DdpCore;
 std::shared_ptr<DdpCore> make_ddp_core(std::shared_ptr<torch::nn::Module> module,
                                        const DistributedDataParallelOptions& options);
 void pre_forward(DdpCore& core);
+// A tensor argument of forward (index: its position, from 0) on the
+// module's device: moved there when device_ids names it (PyTorch's DDP moves
+// inputs to device_ids[0]); without device_ids, a floating-point tensor on
+// another device is InvalidArgument naming the argument and both devices.
+at::Tensor input_to_device(const DdpCore& core, const at::Tensor& input, size_t index);
 // outputs_known: false when the output type's tensors could not be listed.
 void post_forward(DdpCore& core, const std::vector<at::Tensor>& outputs,
                   bool outputs_known);
@@ -200,6 +211,23 @@ void register_comm_hook(DdpCore& core, CommHook hook, std::string name);
 std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module, bool recurse);
 torch::OrderedDict<std::string, at::Tensor> unique_named_parameters(
     const torch::nn::Module& module, bool recurse);
+
+// forward's argument `index`: a tensor through input_to_device() (a
+// non-const lvalue reference, which the module may write, is only checked),
+// anything else unchanged.
+template <typename Arg>
+decltype(auto) prepare_input(const DdpCore& core, size_t index, Arg&& arg) {
+  using T = std::remove_reference_t<Arg>;
+  if constexpr (std::is_same_v<std::decay_t<Arg>, at::Tensor> &&
+                !(std::is_lvalue_reference_v<Arg> && !std::is_const_v<T>)) {
+    return input_to_device(core, arg, index);
+  } else {
+    if constexpr (std::is_same_v<std::decay_t<Arg>, at::Tensor>) {
+      (void)input_to_device(core, arg, index);
+    }
+    return std::forward<Arg>(arg);
+  }
+}
 
 template <typename M>
 std::shared_ptr<torch::nn::Module> module_ptr(const M& m) {
@@ -301,11 +329,14 @@ class DistributedDataParallel {
 
   // Runs module()->forward(args...) with ddp's bookkeeping around it:
   // buffer broadcast before, unused-parameter search after. Same arguments
-  // and return type as the module's forward.
+  // and return type as the module's forward. Tensor arguments go to the
+  // module's device when device_ids is set (as in PyTorch); without it, a
+  // floating-point tensor argument on another device than the module's
+  // throws InvalidArgument naming the argument (1-based) and both devices.
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
     detail::pre_forward(*core_);
-    auto out = module_->forward(std::forward<Args>(args)...);
+    auto out = call_forward(std::index_sequence_for<Args...>{}, std::forward<Args>(args)...);
     std::vector<at::Tensor> tensors;
     bool known = true;
     if (detail::wants_outputs(*core_)) {
@@ -381,6 +412,11 @@ class DistributedDataParallel {
   detail::DdpCore& core() { return *core_; }
 
  private:
+  template <size_t... I, typename... Args>
+  decltype(auto) call_forward(std::index_sequence<I...>, Args&&... args) {
+    return module_->forward(detail::prepare_input(*core_, I, std::forward<Args>(args))...);
+  }
+
   ModuleType module_;
   std::shared_ptr<detail::DdpCore> core_;
 };

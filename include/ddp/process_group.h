@@ -9,7 +9,7 @@
 // Typical use, under ddprun / torchrun / srun / mpirun:
 //
 //   ddp::init_process_group();                 // env://, gloo
-//   auto device = ddp::get_local_rank();        // cuda:<local_rank> on GPUs
+//   c10::Device device = ddp::local_device();   // cuda:<local_rank> on GPUs
 //   ...
 //   ddp::destroy_process_group();
 //
@@ -20,8 +20,11 @@
 // race with its use.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ddp/env.h"
@@ -36,9 +39,14 @@ struct ProcessGroupImpl;
 inline constexpr std::chrono::milliseconds kDefaultTimeout{30 * 60 * 1000};
 
 struct InitOptions {
-  // "gloo" or "nccl". "nccl" needs a libtorch built with CUDA and NCCL;
-  // otherwise init throws CommError saying so.
+  // "gloo" or "nccl". "nccl" needs a libtorch built with CUDA and NCCL and
+  // a visible CUDA device; otherwise init throws CommError saying so.
   std::string backend = "gloo";
+  // NCCL: the CUDA device of this rank (PyTorch's init_process_group
+  // device_id). Unset: local_device(), i.e. cuda:LOCAL_RANK. CPU tensors
+  // given to a NCCL group's collectives travel through it (collectives.h).
+  // Ignored by Gloo.
+  std::optional<c10::Device> device_id;
   // Where ranks meet:
   //   "env://"            MASTER_ADDR/MASTER_PORT and the rank variables of
   //                       env.h (torchrun, SLURM, Open MPI); rank 0 hosts a
@@ -117,6 +125,8 @@ class ProcessGroup {
   // does ("" when shared memory is on or no two ranks share a host).
   int shared_memory_ranks() const;
   const std::string& shared_memory_off_reason() const;
+  // NCCL: the rank's CUDA device (InitOptions::device_id); Gloo: cpu.
+  c10::Device device() const;
 
   // Implementation access for ddp's own code (collectives, the reducer).
   detail::ProcessGroupImpl& impl() const { return *impl_; }
@@ -163,6 +173,15 @@ int get_rank();
 int get_world_size();
 // LOCAL_RANK of the launch environment (0 when not launched by a launcher).
 int get_local_rank();
+// The device this process trains on, as the Python recipe picks it
+// (torch.device("cuda", local_rank) when CUDA is available): cuda:LOCAL_RANK
+// when this libtorch has CUDA and a GPU is visible, else cpu. Under
+// `ddprun --nproc-per-node gpu` each local rank gets its own GPU; with
+// CUDA_VISIBLE_DEVICES set per process (ddprun --virtual-local-rank), every
+// process sees its one GPU as cuda:0 and LOCAL_RANK is 0. Throws
+// InvalidArgument when LOCAL_RANK names a GPU that does not exist (more
+// processes than visible GPUs), naming both numbers.
+c10::Device local_device();
 // True on rank 0 of the default group, or when no group exists.
 bool is_main_process();
 

@@ -8,6 +8,7 @@
 
 #include "ddp/error.h"
 
+#include <algorithm>
 #include <future>
 #include <memory>
 #include <thread>
@@ -36,17 +37,36 @@ bool nccl_compiled() {
 
 c10::intrusive_ptr<Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
                                       int rank, int size,
-                                      std::chrono::milliseconds timeout) {
+                                      std::chrono::milliseconds timeout, c10::Device device) {
 #ifdef DDP_WITH_NCCL
   auto options = c10d::ProcessGroupNCCL::Options::create();
-  options->timeout = timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  options->timeout = nccl_watchdog_timeout(timeout);
+  auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+#if TORCH_VERSION_MAJOR >= 2
+  backend->setBoundDeviceId(device);
+#endif
+  return backend;
 #else
-  (void)store, (void)rank, (void)size, (void)timeout;
+  (void)store, (void)rank, (void)size, (void)timeout, (void)device;
   throw CommError(
       "backend 'nccl' is not available: this libtorch (" + torch_version() +
       ") was built without CUDA/NCCL support. Use backend 'gloo', or build "
       "ddp against a CUDA libtorch (cmake -DDDP_WITH_NCCL=ON).");
+#endif
+}
+
+std::chrono::milliseconds nccl_watchdog_timeout(std::chrono::milliseconds timeout) {
+  return timeout + std::max<std::chrono::milliseconds>(timeout / 10, std::chrono::seconds(10));
+}
+
+void abort_backend(Backend& backend) noexcept {
+#if TORCH_VERSION_MAJOR >= 2
+  try {
+    backend.abort();
+  } catch (...) {
+  }
+#else
+  (void)backend;
 #endif
 }
 
@@ -65,6 +85,16 @@ c10::intrusive_ptr<c10d::Store> connect_tcp_store(const std::string& host,
   }).detach();
   if (result.wait_for(limit) != std::future_status::ready) return {};
   return result.get();
+}
+
+double elapsed_seconds(const c10::Event& start, const c10::Event& end) {
+#if TORCH_VERSION_MAJOR >= 2
+  end.synchronize();
+  return start.elapsedTime(end) / 1000.0;  // c10 reports milliseconds
+#else
+  (void)start, (void)end;
+  throw std::logic_error("device event timing needs libtorch 2.x");
+#endif
 }
 
 std::string what_without_backtrace(const std::exception& e) {

@@ -16,6 +16,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/version.h>
+#include <c10/core/Event.h>
 
 #include <chrono>
 #include <string>
@@ -53,10 +54,22 @@ c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& sto
                                       std::chrono::milliseconds timeout);
 
 // A NCCL backend; throws ddp::CommError naming the missing support when this
-// libtorch has no NCCL.
+// libtorch has no NCCL. `timeout` is ddp's, which the host enforces (Note
+// [Device waits]); NCCL's watchdog gets it plus a margin (10 %, at least
+// 10 s), so that ddp's error, naming the ranks, comes first and the
+// watchdog stays the backstop for work nobody waits for.
+// `device`: the rank's GPU, bound to the backend (its barrier and
+// communicator use it; 2.x).
 c10::intrusive_ptr<Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
                                       int rank, int size,
-                                      std::chrono::milliseconds timeout);
+                                      std::chrono::milliseconds timeout, c10::Device device);
+// NCCL's watchdog timeout for ddp's `timeout` (see make_nccl).
+std::chrono::milliseconds nccl_watchdog_timeout(std::chrono::milliseconds timeout);
+
+// Aborts a backend's communicators (ProcessGroupNCCL::abort: kernels stuck
+// in a collective end). Best effort: errors are swallowed; a no-op where
+// this libtorch's backend has no abort (1.13).
+void abort_backend(Backend& backend) noexcept;
 
 // A c10d::TCPStore (client or server, as `options` say) on host:options.port,
 // or null when its constructor has not returned within `limit`. c10d 2.x's
@@ -69,6 +82,11 @@ c10::intrusive_ptr<Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& sto
 c10::intrusive_ptr<c10d::Store> connect_tcp_store(const std::string& host,
                                                   const c10d::TCPStoreOptions& options,
                                                   std::chrono::milliseconds limit);
+
+// Seconds between two recorded device events (c10::Event with timing);
+// waits for `end` to complete. libtorch 1.13's c10::Event cannot time (and
+// Debian's has no device anyway): it throws there.
+double elapsed_seconds(const c10::Event& start, const c10::Event& end);
 
 // The text of an exception thrown by libtorch, without c10's backtrace.
 std::string what_without_backtrace(const std::exception& e);

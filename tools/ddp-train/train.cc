@@ -85,14 +85,7 @@ c10::Device pick_device(const TrainConfig& c) {
         "ddp-train: --device cuda, but this libtorch has no CUDA or no GPU is visible; use "
         "--device cpu");
   }
-  int local = get_local_rank();
-  if (local >= static_cast<int>(torch::cuda::device_count())) {
-    throw InvalidArgument(fmt::format(
-        "ddp-train: LOCAL_RANK {} has no GPU (only {} visible): start at most {} processes per "
-        "node",
-        local, torch::cuda::device_count(), torch::cuda::device_count()));
-  }
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local));
+  return local_device();  // cuda:LOCAL_RANK; names a LOCAL_RANK without a GPU
 }
 
 // --comm-hook: PyTorch's built-in hooks by their short names.
