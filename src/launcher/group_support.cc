@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -16,6 +17,24 @@
 #include "ddp/error.h"
 
 namespace ddp::launcher {
+
+std::string line_prefix(const std::string& templ, const LaunchOptions& o, int local_rank) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  const std::pair<const char*, std::string> macros[] = {
+      {"${role_name}", o.role},
+      {"${local_rank}", std::to_string(local_rank)},
+      {"${rank}", std::to_string(o.global_rank(local_rank))},
+      {"${hostname}", host}};
+  std::string out = templ;
+  for (const auto& [macro, value] : macros) {
+    for (size_t at = out.find(macro); at != std::string::npos;
+         at = out.find(macro, at + value.size())) {
+      out.replace(at, std::strlen(macro), value);
+    }
+  }
+  return out;
+}
 
 StreamRoute stream_route(const LaunchOptions& o, int local_rank, int which,
                          bool prefix, const std::string& dir,
@@ -26,7 +45,11 @@ StreamRoute stream_route(const LaunchOptions& o, int local_rank, int which,
   const bool teed = (o.tee.for_rank(local_rank) & which) != 0;
   if (shown && !redirected) r.console_fd = which == kStdOut ? STDOUT_FILENO : STDERR_FILENO;
   r.terminal = r.console_fd >= 0 && ::isatty(r.console_fd) != 0;
-  if (prefix) r.prefix = fmt::format("[rank{}]:", o.global_rank(local_rank));
+  if (!o.log_line_prefix_template.empty()) {
+    r.prefix = line_prefix(o.log_line_prefix_template, o, local_rank);
+  } else if (prefix) {
+    r.prefix = fmt::format("[rank{}]:", o.global_rank(local_rank));
+  }
   if (log_all_streams || redirected || teed) {
     r.log_path = dir + (which == kStdOut ? "/stdout.log" : "/stderr.log");
   }

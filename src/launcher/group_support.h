@@ -20,6 +20,10 @@ namespace ddp::launcher {
 // prefixed "[rankN]:" when `prefix`; dir/stdout.log or dir/stderr.log when
 // logged (log_all_streams, -r or -t); stderr keeps its last lines for the
 // failure summary.
+// torchrun's --log-line-prefix-template with its macros substituted for
+// one worker: ${role_name}, ${local_rank}, ${rank}, ${hostname}.
+std::string line_prefix(const std::string& templ, const LaunchOptions& options, int local_rank);
+
 StreamRoute stream_route(const LaunchOptions& options, int local_rank, int which,
                          bool prefix, const std::string& dir,
                          bool log_all_streams);

@@ -97,6 +97,12 @@ inline constexpr const char* kHelpLocalAddr =
 inline constexpr const char* kHelpNumaBinding =
     "Not supported: bind workers yourself (numactl, taskset) or run under "
     "torchrun";
+inline constexpr const char* kHelpLogLinePrefix =
+    "Prefix of every console line of a worker instead of [rankN]:, with "
+    "${role_name}, ${local_rank}, ${rank} and ${hostname} substituted, like "
+    "'${hostname}:${rank}: ' (also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)";
+inline constexpr const char* kHelpPrintCompletion =
+    "Not supported: ddprun ships no shell completion script";
 inline constexpr const char* kHelpDuplicateFilters =
     "Not supported: use -t/--tee with --log-dir and grep the log files";
 
@@ -108,7 +114,7 @@ Workers get: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR,
 MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
 TORCHELASTIC_RUN_ID, TORCHELASTIC_ERROR_FILE; OMP_NUM_THREADS=1 when unset and
-nproc > 1; NCCL_ASYNC_ERROR_HANDLING=1 and PYTHONUNBUFFERED=1 when unset.
+nproc > 1; TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and PYTHONUNBUFFERED=1 when unset.
 Global rank 0 hosts the c10d TCPStore at MASTER_ADDR:MASTER_PORT.
 
 Output: with more than one rank on the console each line is prefixed

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <ostream>
 
 #include "ddp/error.h"
@@ -18,7 +19,7 @@ struct RawFlags {
   std::string nproc = "1", nnodes = "1", redirects = "0", tee = "0";
   // torchrun 2.x flags ddprun takes only in their default form.
   std::string event_log_handler = "null", logs_specs, local_addr, numa_binding;
-  std::string duplicate_stdout, duplicate_stderr;
+  std::string duplicate_stdout, duplicate_stderr, print_completion;
   std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   std::optional<double> shutdown_timeout;
   std::string filter, rdzv_backend = "static", rdzv_endpoint, rdzv_conf;
@@ -30,7 +31,7 @@ struct RawFlags {
 
 namespace {
 
-// The flags torchrun gained in 2.x (torchrun 2.13's --help).
+// The flags torchrun gained in 2.x (torchrun 2.13's and 2.14's --help).
 void add_torchrun2_flags(CLI::App& app, LaunchOptions& o, RawFlags& r) {
   auto env = [](CLI::Option* opt, const char* name) { opt->envname(name); };
   env(app.add_option("--shutdown-timeout", r.shutdown_timeout, kHelpShutdownTimeout),
@@ -47,6 +48,13 @@ void add_torchrun2_flags(CLI::App& app, LaunchOptions& o, RawFlags& r) {
       "PET_DUPLICATE_STDOUT_FILTERS");
   env(app.add_option("--duplicate-stderr-filters", r.duplicate_stderr, kHelpDuplicateFilters),
       "PET_DUPLICATE_STDERR_FILTERS");
+  // torchrun reads the variable below when the flag is not given.
+  if (const char* t = std::getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")) {
+    o.log_line_prefix_template = t;
+  }
+  env(app.add_option("--log-line-prefix-template", o.log_line_prefix_template, kHelpLogLinePrefix),
+      "PET_LOG_LINE_PREFIX_TEMPLATE");
+  app.add_option("--print-completion", r.print_completion, kHelpPrintCompletion);
 }
 
 void add_flags(CLI::App& app, LaunchOptions& o, RawFlags& r) {
@@ -262,6 +270,9 @@ void check_torchrun2_flags(const RawFlags& r, LaunchOptions& o) {
     refuse("--local-addr", r.local_addr,
            "nodes meet at --master-addr, and workers choose their network "
            "interface with GLOO_SOCKET_IFNAME");
+  }
+  if (!r.print_completion.empty()) {
+    refuse("--print-completion", r.print_completion, "ddprun ships no shell completion script");
   }
   if (!r.numa_binding.empty()) {
     refuse("--numa-binding", r.numa_binding,

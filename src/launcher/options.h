@@ -38,6 +38,10 @@ struct LaunchOptions {
   std::optional<std::set<int>> local_ranks_filter;  // console: these only
   std::string run_id = "none";    // TORCHELASTIC_RUN_ID
   std::string role = "default";   // ROLE_NAME
+  // --log-line-prefix-template (torchrun 2.14): the console prefix with
+  // ${role_name}, ${local_rank}, ${rank} and ${hostname} substituted; empty:
+  // "[rankN]:" when more than one rank shares the console.
+  std::string log_line_prefix_template;
   // torch.distributed.launch without --use-env: append --local_rank=N.
   bool legacy_local_rank_arg = false;
   // Multi-node rendezvous of the launchers (torchrun's --rdzv-conf keys).

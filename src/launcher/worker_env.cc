@@ -87,7 +87,12 @@ std::vector<std::string> worker_environment(const LaunchOptions& options,
   if (options.nproc_per_node > 1 && !is_set(env, kOmpNumThreads)) {
     env[kOmpNumThreads] = "1";
   }
-  if (!is_set(env, kNcclAsyncErrorHandling)) env[kNcclAsyncErrorHandling] = "1";
+  // torchrun 2.x's TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (NCCL errors end the
+  // process); the old name, if the user set it, is left to c10d (which
+  // reads it too), so that one setting is not overridden by the other.
+  if (!is_set(env, kNcclAsyncErrorHandling) && !is_set(env, kTorchNcclAsyncErrorHandling)) {
+    env[kTorchNcclAsyncErrorHandling] = "1";
+  }
   if (!is_set(env, kPythonUnbuffered)) env[kPythonUnbuffered] = "1";
   // ddprun prefixes every console line with the rank: ddp's logging
   // (logging.h) leaves its own "[rankN]: " out, unless the user set the

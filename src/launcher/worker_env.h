@@ -43,7 +43,7 @@ struct WorkerConsole {
 // GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR,
 // MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
 // TORCHELASTIC_RUN_ID and TORCHELASTIC_ERROR_FILE set; OMP_NUM_THREADS=1
-// when unset and nproc_per_node > 1; NCCL_ASYNC_ERROR_HANDLING=1 and
+// when unset and nproc_per_node > 1; TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and
 // PYTHONUNBUFFERED=1 (torchrun's `python -u`) when unset;
 // DDP_RENDEZVOUS_FILE when attempt.store_file is set (removed otherwise);
 // DDP_LOG_RANK_PREFIX=0 when console.launcher_prefixes_lines and `base`

@@ -2,6 +2,8 @@
 // split between launcher flags and the program's arguments, and the errors.
 #include "launcher/options.h"
 
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +15,7 @@
 #include <sstream>
 
 #include "ddp/error.h"
+#include "launcher/group_support.h"
 
 namespace ddp::launcher {
 namespace {
@@ -128,6 +131,7 @@ TEST(LauncherOptions, ErrorsNameTheFlag) {
            {{"--nproc-per-node", "2"}, "no program given"},
            {{"--local-addr", "10.0.0.2", "p"}, "--local-addr 10.0.0.2: not supported by ddprun"},
            {{"--numa-binding", "node", "p"}, "--numa-binding node: not supported by ddprun"},
+           {{"--print-completion", "bash", "p"}, "--print-completion bash: not supported by ddprun"},
            {{"--logs-specs", "mine", "p"}, "--logs-specs mine: not supported by ddprun"},
            {{"--event-log-handler", "console", "p"}, "only null is accepted"},
            {{"--duplicate-stdout-filters", "loss", "p"}, "use -t/--tee with --log-dir"},
@@ -150,6 +154,22 @@ TEST(LauncherOptions, HelpNamesEveryFlag) {
         "--legacy-launch", "--rdzv-endpoint", "--rdzv-conf", "Usage: ddprun [flags] PROGRAM"}) {
     EXPECT_THAT(p.out, HasSubstr(flag));
   }
+}
+
+// torchrun 2.14's --log-line-prefix-template: the console prefix.
+TEST(LauncherOptions, LogLinePrefixTemplateSubstitutesTorchrunsMacros) {
+  Parsed p = parse({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--role", "trainer",
+                    "--log-line-prefix-template", "${role_name}/${local_rank}/${rank}@${hostname}: ",
+                    "prog"});
+  ASSERT_FALSE(p.exit_code) << p.err;
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  EXPECT_EQ(line_prefix(p.options.log_line_prefix_template, p.options, 1),
+            std::string("trainer/1/3@") + host + ": ");
+  EXPECT_EQ(stream_route(p.options, 1, kStdOut, /*prefix=*/false, "/tmp", false).prefix,
+            std::string("trainer/1/3@") + host + ": ");
+  Parsed d = parse({"prog"});
+  EXPECT_EQ(stream_route(d.options, 0, kStdOut, /*prefix=*/true, "/tmp", false).prefix, "[rank0]:");
 }
 
 TEST(LauncherOptions, Torchrun2FlagsWithTheirMeaning) {

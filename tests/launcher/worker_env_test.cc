@@ -28,11 +28,16 @@ TEST(LauncherWorkerEnv, RanksOfASecondNode) {
                          "MASTER_PORT=1234", "TORCHELASTIC_RESTART_COUNT=2",
                          "TORCHELASTIC_MAX_RESTARTS=4", "TORCHELASTIC_RUN_ID=r",
                          "TORCHELASTIC_ERROR_FILE=/e.json", "OMP_NUM_THREADS=1",
-                         "NCCL_ASYNC_ERROR_HANDLING=1", "PYTHONUNBUFFERED=0", "PATH=/bin"}) {
+                         "TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "PYTHONUNBUFFERED=0", "PATH=/bin"}) {
     EXPECT_THAT(env, Contains(kv));
   }
   EXPECT_THAT(env, Not(Contains("TORCHELASTIC_USE_AGENT_STORE=True")));
   EXPECT_TRUE(sets_omp_num_threads(o, base));  // empty counts as unset
+  // A user's old-style setting stands alone (c10d reads both names).
+  const char* old_name[] = {"NCCL_ASYNC_ERROR_HANDLING=0", nullptr};
+  auto kept = worker_environment(o, 1, a, "/e.json", old_name);
+  EXPECT_THAT(kept, Contains("NCCL_ASYNC_ERROR_HANDLING=0"));
+  for (const std::string& kv : kept) EXPECT_NE(kv.rfind("TORCH_NCCL_ASYNC_ERROR_HANDLING=", 0), 0u);
 }
 
 TEST(LauncherWorkerEnv, VirtualLocalRankGivesEachWorkerItsDeviceAsZero) {
