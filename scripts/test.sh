@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the test suite with CTest.
 #
-#   bash scripts/test.sh              # what CI runs: the whole suite on
-#                                     # libtorch 2.13 (build/), then the
-#                                     # library and its DDP, sampler,
-#                                     # checkpoint and oracle tests on Debian's
-#                                     # libtorch 1.13 (build-debian/)
-#   bash scripts/test.sh -R join      # extra arguments go to ctest (2.13 only)
-#   DDP_TORCH=debian bash scripts/test.sh   # the whole suite on one libtorch
+#   bash scripts/test.sh              # what CI runs, three libtorch builds:
+#                                     #  1. CUDA libtorch 2.14.1 (build-cuda/,
+#                                     #     C++20, NCCL): the whole suite (the
+#                                     #     GPU tests skip without a GPU,
+#                                     #     each saying why);
+#                                     #  2. libtorch 2.13, CPU (the main
+#                                     #     job's; build-subset/, so that
+#                                     #     build/ stays whole for
+#                                     #     main.sh): the library and its
+#                                     #     collectives, DDP, hooks, static
+#                                     #     graph, SyncBatchNorm, ZeRO, flight
+#                                     #     recorder, sampler, checkpoint,
+#                                     #     reducer and oracle suites;
+#                                     #  3. Debian's libtorch 1.13
+#                                     #     (build-debian/): the same but the
+#                                     #     collectives and reducer suites.
+#   bash scripts/test.sh -R join      # extra arguments go to ctest, on the
+#                                     # whole-suite build only
+#   DDP_TORCH=pip bash scripts/test.sh      # the whole suite on one libtorch
 #
-# DDP_SKIP_DEBIAN=1 leaves out the 1.13 part; DDP_TEST_JOBS sets ctest -j.
+# Without the CUDA toolkit (no nvcc) the whole suite runs on 2.13 instead,
+# saying so; in CI (CI set) a missing toolkit is an error. DDP_SKIP_DEBIAN=1
+# leaves out the 1.13 part, DDP_SKIP_SUBSETS=1 both subsets; DDP_TEST_JOBS
+# sets ctest -j. docs/compat.md has the timings.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,21 +43,49 @@ run_suite() {  # <DDP_TORCH> <build dir> [ctest args...]
   return $rc
 }
 
+# A subset: the library and these suites only (no tools, benchmarks or
+# examples), run by their labels (each binary's, the @gloo copies too).
+run_subset() {  # <DDP_TORCH> <build dir> <suites...>
+  local torch=$1 build=$2; shift 2
+  local suites="$*"
+  DDP_CMAKE_ARGS="-DDDP_BUILD_TOOLS=OFF -DDDP_BUILD_BENCH=OFF -DDDP_BUILD_EXAMPLES=OFF" \
+    DDP_BUILD_TARGETS="$suites checkpoint_writer" \
+    run_suite "$torch" "$build" -L "^(${suites// /|})\$"
+}
+
 if [ -n "${DDP_TORCH:-}" ]; then
   case $DDP_TORCH in pip) d=build ;; *) d=build-$DDP_TORCH ;; esac
   run_suite "$DDP_TORCH" "${DDP_BUILD_DIR:-$d}" "$@"
   exit $?
 fi
 
-run_suite pip "${DDP_BUILD_DIR:-build}" "$@" || status=1
+have_nvcc() {
+  command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] ||
+    { [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; }
+}
 
-if [ "${DDP_SKIP_DEBIAN:-0}" != 1 ] && [ $# -eq 0 ]; then
-  # libtorch 1.13 stays supported: the library and the tests that pin its
-  # numbers (DDP values, sampler indices against PyTorch 1.13, checkpoints,
-  # the Python DDP 1.13 oracle). Tools and benchmarks are 2.13's business.
-  suites="distributed_data_parallel_test comm_hooks_test static_graph_test sync_batchnorm_test zero_redundancy_optimizer_test flight_recorder_test distributed_sampler_test checkpoint_test ddp_oracle_test"
-  DDP_CMAKE_ARGS="-DDDP_BUILD_TOOLS=OFF -DDDP_BUILD_BENCH=OFF" \
-    DDP_BUILD_TARGETS="$suites checkpoint_writer" \
-    run_suite debian build-debian -L "^(${suites// /|})\$" || status=1
+whole=cuda
+if ! have_nvcc; then
+  if [ -n "${CI:-}" ]; then
+    echo "test.sh: CI needs the CUDA toolkit (nvcc) for the CUDA libtorch build; none found" >&2
+    exit 1
+  fi
+  echo "test.sh: no CUDA toolkit (nvcc): the whole suite runs on libtorch 2.13 instead of the CUDA build"
+  whole=pip
+fi
+case $whole in cuda) whole_dir=build-cuda ;; *) whole_dir=build ;; esac
+run_suite "$whole" "${DDP_BUILD_DIR:-$whole_dir}" "$@" || status=1
+
+if [ "${DDP_SKIP_SUBSETS:-0}" != 1 ] && [ $# -eq 0 ]; then
+  core="distributed_data_parallel_test comm_hooks_test static_graph_test sync_batchnorm_test zero_redundancy_optimizer_test flight_recorder_test distributed_sampler_test checkpoint_test ddp_oracle_test"
+  # libtorch 2.13, the main job's: the library (C++17) and the suites that
+  # pin its numbers, against Python DDP 2.13.
+  if [ "$whole" = cuda ]; then
+    run_subset pip build-subset $core collectives_test reducer_test || status=1
+  fi
+  # libtorch 1.13 stays supported: the same suites against Python DDP 1.13.
+  if [ "${DDP_SKIP_DEBIAN:-0}" != 1 ]; then
+    run_subset debian build-debian $core || status=1
+  fi
 fi
 exit $status

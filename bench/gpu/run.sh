@@ -8,8 +8,10 @@
 #   bench/gpu/run.sh                 # from the repository root
 #   PYTHON=/path/to/python3 BUILD=/tmp/build-gpu NAME=h200 bench/gpu/run.sh
 #
-# Writes bench/results/$NAME-nccl.json and $NAME-gloo.json (BENCHMARKS.md is
-# left alone: add the tables by hand with `python3 bench/report.py FILE`).
+# Writes $RESULTS_DIR/$NAME-nccl.json and $NAME-gloo.json (default
+# bench/results/; BENCHMARKS.md is left alone: add the tables by hand with
+# `python3 bench/report.py FILE`). scripts/gpu-check.sh calls it after its
+# own build (DDP_GPU_BENCH_SKIP_BUILD=1, BACKENDS=nccl, shorter runs).
 #
 # Needs: CUDA PyTorch 2.x importable by $PYTHON, cmake >= 3.18, a C++17
 # compiler, the headers/CMake packages of CLI11, nlohmann_json and zlib
@@ -18,10 +20,6 @@
 # Debian's libgloo-dev, or GLOO_INCLUDE=<dir holding gloo/algorithm.h> (e.g.
 # a copy of /usr/include/gloo carried to the machine; Note [Gloo headers] in
 # src/compat/gloo_backend.cc says why any Gloo's declarations do).
-# Note: at W=1 ddp skips gradient communication altogether (the average over
-# one rank is the gradient itself), while Python DDP still copies into its
-# buckets and all-reduces them; the W=1 numbers measure exactly that.
-#
 # Status: written without access to a GPU machine; it has not been run.
 set -euo pipefail
 
@@ -30,6 +28,9 @@ PY=${PYTHON:-python3}
 BUILD=${BUILD:-$REPO/build-gpu}
 NAME=${NAME:-gpu}
 REPEATS=${REPEATS:-3}
+STEPS=${STEPS:-200}
+BACKENDS=${BACKENDS:-nccl gloo}
+RESULTS_DIR=${RESULTS_DIR:-$REPO/bench/results}
 
 echo "== PyTorch"
 "$PY" - <<'EOF'
@@ -41,20 +42,26 @@ print("NCCL", torch.cuda.nccl.version(), "CXX11 ABI", torch._C._GLIBCXX_USE_CXX1
 EOF
 PREFIX=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 
-echo "== Build ($BUILD)"
-GEN="Unix Makefiles"
-command -v ninja >/dev/null 2>&1 && GEN=Ninja
-GLOO_ARGS=()
-[ -n "${GLOO_INCLUDE:-}" ] && GLOO_ARGS=(-DDDP_GLOO_INCLUDE_DIR="$GLOO_INCLUDE")
-cmake -S "$REPO" -B "$BUILD" -G "$GEN" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$PREFIX" -DDDP_WITH_NCCL=ON -DDDP_BUILD_TESTS=OFF \
-  -DDDP_PYTHON="$(command -v "$PY")" "${GLOO_ARGS[@]}"
-cmake --build "$BUILD" -j"$(nproc)" --target ddprun ddp-bench allreduce-bench
+if [ "${DDP_GPU_BENCH_SKIP_BUILD:-0}" != 1 ]; then
+  echo "== Build ($BUILD)"
+  GEN="Unix Makefiles"
+  command -v ninja >/dev/null 2>&1 && GEN=Ninja
+  GLOO_ARGS=()
+  [ -n "${GLOO_INCLUDE:-}" ] && GLOO_ARGS=(-DDDP_GLOO_INCLUDE_DIR="$GLOO_INCLUDE")
+  cmake -S "$REPO" -B "$BUILD" -G "$GEN" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$PREFIX" -DDDP_WITH_NCCL=ON -DDDP_BUILD_TESTS=OFF \
+    -DDDP_PYTHON="$(command -v "$PY")" "${GLOO_ARGS[@]}"
+  cmake --build "$BUILD" -j"$(nproc)" --target ddprun ddp-bench allreduce-bench
+fi
 
 echo "== Benchmark"
-for backend in nccl gloo; do
+# At W=1 ddp would skip communication (the average over one rank is the
+# gradient itself); Python DDP all-reduces anyway. Both sides communicate
+# here, so that the comparison is like for like.
+export DDP_REDUCE_AT_WORLD_SIZE_1=1
+for backend in $BACKENDS; do
   "$PY" "$REPO/bench/run.py" --build-dir "$BUILD" --python "$PY" \
-    --device cuda --backend "$backend" --name "$NAME-$backend" \
+    --device cuda --backend "$backend" --name "$NAME-$backend" --out-dir "$RESULTS_DIR" \
     --workloads mlp,transformer --worlds 1 --oversubscribed "" \
-    --repeats "$REPEATS" --steps 200 --warmup 20 --markdown ""
+    --repeats "$REPEATS" --steps "$STEPS" --warmup 20 --markdown ""
 done
