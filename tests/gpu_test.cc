@@ -10,14 +10,19 @@
 // The GpuLess tests are the other way round: they run where no GPU is.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <optional>
 #include <thread>
+
+#include <unistd.h>
 
 #include "compat/torch_compat.h"
 #include "ddp/checkpoint.h"
@@ -33,6 +38,7 @@
 #include "process_group_impl.h"
 #include "support/model_state.h"
 #include "support/models.h"
+#include "support/oracle.h"
 #include "support/thread_world.h"
 
 namespace ddp {
@@ -456,6 +462,66 @@ TEST(Gpu, SyncBatchNormOnCudaEqualsBatchNormOfTheWholeBatch) {
   EXPECT_TRUE(torch::allclose(torch::cat(gx).cpu(), xr.grad().cpu(), 1e-5, 1e-5));
   EXPECT_TRUE(torch::allclose(mean[0].cpu(), bn->running_mean.cpu(), 1e-5, 1e-6));
   EXPECT_EQ(y[0].device(), kCuda0);
+}
+
+std::vector<double> flat(const at::Tensor& t) {
+  const at::Tensor d = t.detach().to(torch::kCPU, torch::kDouble).contiguous();
+  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+}
+
+// Against PyTorch's own torch.nn.SyncBatchNorm on CUDA
+// (tests/oracle/sync_batchnorm_cuda.py): two Python processes on cuda:0
+// over gloo, and ddp's on two thread ranks over gloo, on the same rows.
+TEST(Gpu, SyncBatchNormOnCudaEqualsPyTorchsSyncBatchNorm) {
+  DDP_REQUIRE_GPUS(1);
+  if (!testing::oracle_configured()) GTEST_SKIP() << testing::kNoOracle;
+  torch::manual_seed(16);
+  const at::Tensor x = torch::randn({8, 3, 5, 5}) * 2 + 1;
+  const at::Tensor weight = torch::rand({3}) + 0.5, bias = torch::randn({3});
+  const nlohmann::json in = {{"world", 2}, {"shape", x.sizes().vec()}, {"x", flat(x)},
+                             {"weight", flat(weight)}, {"bias", flat(bias)}};
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("ddp-sbn-oracle-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "in.json") << in.dump();
+  const std::string cmd = "timeout 120 " + testing::oracle_python() +
+                          " " DDP_SOURCE_DIR "/tests/oracle/sync_batchnorm_cuda.py " +
+                          (dir / "in.json").string() + " " + (dir / "out.json").string() +
+                          " > " + (dir / "log.txt").string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream log(dir / "log.txt");
+  ASSERT_EQ(rc, 0) << "PyTorch's SyncBatchNorm failed:\n"
+                   << std::string(std::istreambuf_iterator<char>(log), {});
+
+  std::vector<std::map<std::string, at::Tensor>> got(2);
+  testing::run_ranks(2, [&](int r) {
+    SyncBatchNorm sbn(torch::nn::BatchNormOptions(3));
+    {
+      torch::NoGradGuard no_grad;
+      sbn->weight.copy_(weight);
+      sbn->bias.copy_(bias);
+    }
+    sbn->to(kCuda0);
+    at::Tensor xi = x.narrow(0, r * 4, 4).to(kCuda0).requires_grad_(true);
+    at::Tensor yi = sbn(xi);
+    (yi * yi.detach().sin()).sum().backward();
+    got[r] = {{"y", yi.detach()}, {"x_grad", xi.grad()}, {"weight_grad", sbn->weight.grad()},
+              {"bias_grad", sbn->bias.grad()}, {"running_mean", sbn->running_mean.clone()},
+              {"running_var", sbn->running_var.clone()}};
+  });
+  for (int r = 0; r < 2; ++r) {
+    const nlohmann::json want =
+        nlohmann::json::parse(std::ifstream(dir / ("out.json." + std::to_string(r))));
+    for (const auto& [name, t] : got[r]) {
+      const at::Tensor expected =
+          torch::tensor(want.at(name).get<std::vector<double>>(), torch::kDouble);
+      EXPECT_TRUE(torch::allclose(t.detach().cpu().to(torch::kDouble).reshape(-1), expected,
+                                  1e-5, 1e-5))
+          << "rank " << r << ": " << name << " differs from PyTorch's SyncBatchNorm";
+    }
+  }
+  fs::remove_all(dir);
 }
 
 TEST(Gpu, ZeroRedundancyOptimizerWithCudaParameters) {
