@@ -58,16 +58,31 @@ CollectiveMonitor::~CollectiveMonitor() {
 }
 
 void CollectiveMonitor::started(uint64_t seq, const std::string& what) {
-  std::lock_guard<std::mutex> lock(mu_);
-  started_seq_ = seq + 1;
-  started_what_ = what;
-  ++version_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    started_seq_ = seq + 1;
+    started_what_ = what;
+    ++version_;
+  }
+  cv_.notify_one();
 }
 
 void CollectiveMonitor::finished(uint64_t seq) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (seq + 1 > finished_seq_) finished_seq_ = seq + 1;
-  ++version_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (seq + 1 > finished_seq_) finished_seq_ = seq + 1;
+    ++version_;
+  }
+  cv_.notify_one();
+}
+
+void CollectiveMonitor::set_step(int64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (step_.exchange(step) == step) return;
+    ++version_;
+  }
+  cv_.notify_one();
 }
 
 std::string CollectiveMonitor::record() const {
@@ -78,32 +93,25 @@ std::string CollectiveMonitor::record() const {
 
 void CollectiveMonitor::publish_loop() {
   const std::string key = fmt::format("progress/{}", rank_);
+  // ~0: the first record goes out at once, so that a rank stopped early is
+  // still reported as "has not reached it" with its step, not as silent.
   uint64_t published = ~uint64_t{0};
-  int64_t step_published = -2;
-  auto last = std::chrono::steady_clock::now();
-  // The first record goes out at once: a rank stopped early must still be
-  // reported as "has not reached it" with its step, not as silent.
-  bool first = true;
   while (true) {
     {
+      // Woken by a change (Note [Progress publication]), else a refresh.
       std::unique_lock<std::mutex> lock(mu_);
-      if (!first) cv_.wait_for(lock, options_.publish_every, [&] { return stop_; });
-      first = false;
+      cv_.wait_for(lock, options_.publish_every,
+                   [&] { return stop_ || version_.load() != published; });
       if (stop_) return;
+      published = version_.load();
     }
-    auto now = std::chrono::steady_clock::now();
-    if (version_.load() == published && step_.load() == step_published &&
-        now - last < 3 * options_.publish_every) {
-      continue;  // nothing new, and the last record is fresh enough
-    }
-    published = version_.load();
-    step_published = step_.load();
-    last = now;
     try {
       publish_store_->set(key, as_bytes(record()));
     } catch (const std::exception&) {
       // The store is unreachable (rank 0 gone?): the collectives will say so.
     }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, kMinPublishSpacing, [&] { return stop_; })) return;
   }
 }
 

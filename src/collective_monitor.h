@@ -5,9 +5,13 @@
 // Every collective records, in memory, the sequence number and description
 // of the last collective this rank started and finished, and the training
 // step (DistributedDataParallel's iteration). A background thread writes
-// that record to the group's store ("progress/<rank>") when it changes and
-// at least every few seconds, through its own store connection with a short
-// timeout, so a stuck store can delay it but never block the ranks. When a
+// that record to the group's store ("progress/<rank>") soon after it changes
+// (woken by the change; at most one write per kMinPublishSpacing, so that a
+// stream of small collectives costs the store little) and at least every
+// few seconds, through its own store connection with a short timeout, so a
+// stuck store can delay it but never block the ranks. Woken rather than
+// polled, the record a stopped or dead rank leaves is its last state but
+// for the last few milliseconds, not a picture from seconds before. When a
 // collective waits longer than the warning threshold, or times out, the
 // waiting rank reads every rank's record and names the ranks that have not
 // reached the collective and what each was last doing; a record that has
@@ -36,6 +40,9 @@
 
 namespace ddp::detail {
 
+// Note [Progress publication]: the shortest gap between two writes.
+inline constexpr std::chrono::milliseconds kMinPublishSpacing{20};
+
 struct MonitorOptions {
   std::chrono::milliseconds warn_after{60'000};
   std::chrono::milliseconds publish_every{2'000};
@@ -57,7 +64,7 @@ class CollectiveMonitor {
 
   void started(uint64_t seq, const std::string& what);
   void finished(uint64_t seq);
-  void set_step(int64_t step) { step_.store(step); }
+  void set_step(int64_t step);
 
   bool debug() const { return options_.debug; }
   std::chrono::milliseconds warn_after() const { return options_.warn_after; }

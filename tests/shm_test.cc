@@ -158,6 +158,12 @@ TEST(SharedMemory, ARankThatSkipsTheCollectiveTimesOutNamingIt) {
   EXPECT_TRUE(has(message_of(errors[0]), "rank 1 has not reached it"))
       << message_of(errors[0]);
   EXPECT_TRUE(has(message_of(errors[0]), "all_reduce #1")) << message_of(errors[0]);
+  // The advice once, not twice in other words.
+  const std::string what = message_of(errors[0]);
+  const size_t advice = what.find("skipped this collective");
+  ASSERT_NE(advice, std::string::npos) << what;
+  EXPECT_EQ(what.find("skipped this collective", advice + 1), std::string::npos) << what;
+  EXPECT_EQ(what.find("may have stopped, hung"), std::string::npos) << what;
   EXPECT_FALSE(errors[1]);
 }
 

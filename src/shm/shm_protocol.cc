@@ -89,8 +89,8 @@ void wait_peer(ShmGroup::State& s, int k, uint32_t target, Clock::time_point dea
     }
     if (Clock::now() >= deadline) {
       throw std::runtime_error(fmt::format(
-          "shared memory: timed out after {:.1f} s waiting for rank {} (on this host), which "
-          "may have stopped, hung, or skipped this collective",
+          // work.cc adds the advice ("A rank may have stopped, ...").
+          "shared memory: timed out after {:.1f} s waiting for rank {} (on this host)",
           timeout.count() / 1000.0, s.local[k]));
     }
   }
