@@ -62,9 +62,8 @@ std::mutex g_default_mu;
 ProcessGroupPtr g_default;                 // guarded by g_default_mu
 thread_local ProcessGroupPtr t_override;   // DefaultGroupGuard's group
 
-detail::MonitorOptions monitor_options(const InitOptions& options) {
+detail::MonitorOptions monitor_options(const InitOptions& options, const detail::DdpEnv& env) {
   detail::MonitorOptions m;
-  const detail::DdpEnv env = detail::read_ddp_env();
   m.warn_after = env.stall_warning().value_or(options.stall_warning);
   if (m.warn_after.count() <= 0) {
     throw InvalidArgument(fmt::format("InitOptions::stall_warning must be > 0 (got {} ms)",
@@ -196,7 +195,10 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
   if (flight_entries > 0 && !env.flight_recorder_dir.empty()) {
     flight::prepare_directory(env.flight_recorder_dir);
   }
-  detail::Rendezvous r = detail::rendezvous(options);
+  // Also before the rendezvous: its waiting ranks report at the stall
+  // warning's interval.
+  const detail::MonitorOptions monitoring = monitor_options(options, env);
+  detail::Rendezvous r = detail::rendezvous(options, monitoring.warn_after);
   auto impl = std::make_unique<detail::ProcessGroupImpl>();
   impl->rank = r.rank;
   impl->size = r.size;
@@ -222,7 +224,6 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
         compat::what_without_backtrace(e)));
   }
   if (options.backend == "gloo") start_shared_memory(options, r, *impl);
-  const detail::MonitorOptions monitoring = monitor_options(options);
   impl->debug = monitoring.debug;
   if (r.size > 1) {
     impl->monitor = std::make_unique<detail::CollectiveMonitor>(

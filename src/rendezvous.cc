@@ -21,6 +21,7 @@
 #include "compat/torch_compat.h"
 #include "ddp/env.h"
 #include "ddp/error.h"
+#include "ddp/logging.h"
 #include "ddp_env.h"
 #include "port_holder.h"
 #include "rendezvous_arrival.h"
@@ -87,15 +88,41 @@ bool accepts_connections(const std::string& host, int port) {
   return accepted;
 }
 
+// A client that has not reached the store's host yet says so every
+// report_every (0: never), as a rank waiting at the arrivals does.
+struct ConnectReport {
+  std::chrono::milliseconds every{0};
+  Clock::time_point start = Clock::now(), next = start + every;
+
+  // c10d's client retries for its timeout: a slice of the time left, so
+  // that the loop comes back to report.
+  std::chrono::milliseconds slice(std::chrono::milliseconds left) const {
+    return every.count() > 0 ? std::min(left, std::max(every, kMinConnect)) : left;
+  }
+  void maybe_report(const std::string& host, int port, int rank,
+                    std::chrono::milliseconds timeout) {
+    const auto now = Clock::now();
+    if (every.count() <= 0 || now < next) return;
+    next += every;
+    log(LogLevel::kWarning,
+        fmt::format("rendezvous: rank {} is waiting for rank 0's store at {}:{} for {:.0f} s "
+                    "(nothing accepts connections there yet); it gives up after {} s (the "
+                    "timeout). Is rank 0 running, and are MASTER_ADDR/MASTER_PORT right?",
+                    rank, host, port, std::chrono::duration<double>(now - start).count(),
+                    seconds(timeout)));
+  }
+};
+
 c10::intrusive_ptr<c10d::Store> tcp_store(const std::string& host, int port,
                                           bool is_server,
                                           std::chrono::milliseconds timeout,
-                                          int rank) {
+                                          int rank, std::chrono::milliseconds report_every) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(port);
   o.isServer = is_server;
   o.waitWorkers = false;  // we check arrivals ourselves, with better errors
-  o.timeout = timeout;
+  ConnectReport report{report_every};
+  o.timeout = is_server ? timeout : report.slice(timeout);
   const auto deadline = Clock::now() + timeout;
   while (true) {
     try {
@@ -139,7 +166,8 @@ c10::intrusive_ptr<c10d::Store> tcp_store(const std::string& host, int port,
             rank, host, port, seconds(timeout), inner_message(e)));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
-      o.timeout = left - std::chrono::milliseconds(250);
+      report.maybe_report(host, port, rank, timeout);
+      o.timeout = report.slice(left - std::chrono::milliseconds(250));
     }
   }
 }
@@ -190,7 +218,7 @@ c10::intrusive_ptr<c10d::Store> connect_tcp(const std::string& host, int port,
                                             bool server, const InitOptions& o,
                                             const Rendezvous& r) {
   try {
-    return tcp_store(host, port, server, o.timeout, r.rank);
+    return tcp_store(host, port, server, o.timeout, r.rank, r.report_every);
   } catch (const CommError&) {
     if (server) {
       claim_rank0_on_busy_port(host, port, group_prefix(o, r.rank, false),
@@ -322,13 +350,14 @@ std::string local_address_towards(const std::string& host) {
   return out;
 }
 
-Rendezvous rendezvous(const InitOptions& o) {
+Rendezvous rendezvous(const InitOptions& o, std::chrono::milliseconds report_every) {
   if (o.timeout.count() <= 0) {
     throw InvalidArgument(fmt::format(
         "InitOptions::timeout must be > 0 (got {} ms)", o.timeout.count()));
   }
   const std::string& m = o.init_method;
   Rendezvous r;
+  r.report_every = report_every;
   bool hosts_store = false;
   c10::intrusive_ptr<c10d::Store> base;
   if (m == "env://" || m.empty()) {
@@ -347,7 +376,8 @@ Rendezvous rendezvous(const InitOptions& o) {
   r.store = c10::make_intrusive<c10d::PrefixStore>(prefix, base);
   const bool tcp = r.tcp_port != 0;
   // Note [Arrival protocol] (rendezvous_arrival.h).
-  check_arrivals(Arrival{*r.store, r.rank, r.size, r.address, o.timeout, hosts_store, tcp});
+  check_arrivals(
+      Arrival{*r.store, r.rank, r.size, r.address, o.timeout, hosts_store, tcp, report_every});
   r.publish_store = tcp ? publish_store(r, prefix) : r.store;
   return r;
 }

@@ -7,6 +7,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <chrono>
 #include <string>
 
 #include "ddp/process_group.h"
@@ -28,12 +29,16 @@ struct Rendezvous {
   std::string tcp_host;
   int tcp_port = 0;
   std::string tcp_prefix;
+  // Input, from rendezvous()'s argument: how often a waiting rank says so.
+  std::chrono::milliseconds report_every{0};
 };
 
 // Parses options.init_method, creates or connects to the store, and waits
 // until options' world size of distinct ranks have arrived (see
-// process_group.h for the errors).
-Rendezvous rendezvous(const InitOptions& options);
+// process_group.h for the errors). A rank that waits (for the store's host,
+// or for the ranks missing) says so in a warning every `report_every` (the
+// stall warning's interval; 0: silent), naming whom it waits for.
+Rendezvous rendezvous(const InitOptions& options, std::chrono::milliseconds report_every);
 
 // The local IP address whose route reaches `host` (the address other
 // machines can reach this one on); "127.0.0.1" for a loopback host. Throws

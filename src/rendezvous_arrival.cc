@@ -11,6 +11,7 @@
 
 #include "compat/torch_compat.h"
 #include "ddp/error.h"
+#include "ddp/logging.h"
 
 namespace ddp::detail {
 namespace {
@@ -44,17 +45,34 @@ void linger_until_seen(const Arrival& a) {
   fail(a, kind, msg);
 }
 
-std::string timeout_message(const Arrival& a, int64_t arrived) {
+std::vector<int> missing_ranks(const Arrival& a) {
   std::vector<int> missing;
   for (int i = 0; i < a.size; ++i) {
     if (!a.store.check({fmt::format("rank/{}", i)})) missing.push_back(i);
   }
+  return missing;
+}
+
+std::string timeout_message(const Arrival& a, int64_t arrived) {
+  const std::vector<int> missing = missing_ranks(a);
   return fmt::format(
-      "rendezvous at {} timed out after {} s on rank {}: {} of {} ranks "
-      "arrived, {} missing (ranks {}). Start all WORLD_SIZE={} processes, "
-      "or lower WORLD_SIZE",
-      a.address, seconds(a.timeout), a.rank, arrived, a.size, missing.size(),
-      fmt::join(missing, ", "), a.size);
+      "rendezvous at {} timed out after {} s on rank {}: {} of {} arrived, {} missing "
+      "({} {}). Start all WORLD_SIZE={} processes, or lower WORLD_SIZE",
+      a.address, seconds(a.timeout), a.rank, arrived, ranks_text(a.size), missing.size(),
+      missing.size() == 1 ? "rank" : "ranks", fmt::join(missing, ", "), a.size);
+}
+
+// Note [Arrival protocol], step 4: a rank that waits says so, naming whom.
+void report_waiting(const Arrival& a, Clock::duration waited) {
+  const std::vector<int> missing = missing_ranks(a);
+  if (missing.empty()) return;  // all there: the next poll returns
+  log(LogLevel::kWarning,
+      fmt::format("rendezvous: rank {} is waiting for {} of {} ({} {}) at {} for {:.0f} s; "
+                  "it gives up after {} s (the timeout). Start all WORLD_SIZE={} processes, "
+                  "or lower WORLD_SIZE",
+                  a.rank, missing.size(), ranks_text(a.size),
+                  missing.size() == 1 ? "rank" : "ranks", fmt::join(missing, ", "), a.address,
+                  std::chrono::duration<double>(waited).count(), seconds(a.timeout), a.size));
 }
 
 // The first rank to arrive records its world size; a rank given another
@@ -89,6 +107,8 @@ void await_arrivals(const Arrival& a) {
         a.rank, a.size, a.address, a.size));
   }
   a.store.add("arrived", 1);
+  const auto start = Clock::now();
+  auto next_report = start + a.report_every;
   auto pause = std::chrono::milliseconds(1);
   while (true) {
     if (a.store.check({"error"})) {
@@ -98,7 +118,12 @@ void await_arrivals(const Arrival& a) {
     }
     int64_t arrived = counter(a.store, "arrived");
     if (arrived >= a.size) return;
-    if (Clock::now() > deadline) publish_and_fail(a, 'T', timeout_message(a, arrived));
+    const auto now = Clock::now();
+    if (now > deadline) publish_and_fail(a, 'T', timeout_message(a, arrived));
+    if (a.report_every.count() > 0 && now >= next_report) {
+      report_waiting(a, now - start);
+      next_report += a.report_every;
+    }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
@@ -123,6 +148,8 @@ void bound_store_reads(const Arrival& a) {
 }  // namespace
 
 double seconds(std::chrono::milliseconds d) { return d.count() / 1000.0; }
+
+std::string ranks_text(int64_t n) { return fmt::format("{} {}", n, n == 1 ? "rank" : "ranks"); }
 
 std::string inner_message(const std::exception& e) {
   std::string msg = compat::what_without_backtrace(e);

@@ -15,7 +15,7 @@
 //  4. Adds 1 to "arrived", then polls (1 ms doubling to 50 ms) until
 //     "arrived" reaches the world size, an "error" appears, or its
 //     deadline passes: then it fails naming the ranks whose "rank/<r>" is
-//     missing.
+//     missing. Meanwhile it names them in a warning every report_every.
 // A rank that fails publishes the message under "error", its first byte
 // the kind ('I' InvalidArgument, 'T' TimeoutError), so that every rank
 // fails at once with the same message instead of waiting out its own
@@ -45,6 +45,9 @@ struct Arrival {
   std::chrono::milliseconds timeout;
   bool hosts_store = false;  // this rank hosts the TCP store (lingers)
   bool tcp = false;          // a c10d TCPStore (step 1)
+  // Every report_every of waiting in step 4, a warning names the ranks
+  // still missing (the stall warning's interval); 0: silent.
+  std::chrono::milliseconds report_every{0};
 };
 
 // Runs Note [Arrival protocol] for `a`; returns once all a.size ranks have
@@ -63,9 +66,10 @@ void claim_rank0_on_busy_port(const std::string& host, int port,
                               const std::string& address,
                               std::chrono::milliseconds timeout);
 
-// For messages: a duration in seconds, and c10d's message without its
-// final period, to go inside ours.
+// For messages: a duration in seconds, a count of ranks ("1 rank", "2
+// ranks"), and c10d's message without its final period, to go inside ours.
 double seconds(std::chrono::milliseconds d);
+std::string ranks_text(int64_t n);
 std::string inner_message(const std::exception& e);
 
 }  // namespace ddp::detail

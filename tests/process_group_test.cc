@@ -7,6 +7,7 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -286,6 +287,33 @@ TEST(ProcessGroup, RankThatNeverArrivesTimesOutNamingIt) {
               std::string::npos) << what;
     EXPECT_NE(what.find("2 of 4 ranks arrived, 2 missing (ranks 1, 3)"), std::string::npos) << what;
     EXPECT_NE(what.find("Start all WORLD_SIZE=4 processes"), std::string::npos) << what;
+  }
+}
+
+// A rank started alone says whom it waits for at the stall warning's
+// interval, rather than nothing until its timeout: rank 0 (the store's
+// host) names the missing ranks, another rank the store it cannot reach.
+TEST(ProcessGroup, ARankWaitingForItsPeersSaysSoAtTheStallWarningInterval) {
+  const int port = free_port();
+  InitOptions o;
+  o.init_method = "tcp://127.0.0.1:" + std::to_string(port);
+  o.world_size = 2;
+  o.timeout = 2500ms;
+  o.stall_warning = 1000ms;
+  for (int rank : {0, 1}) {
+    o.rank = rank;
+    ::testing::internal::CaptureStderr();
+    EXPECT_THROW(new_process_group(o), TimeoutError) << "rank " << rank;
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    const std::string want =
+        rank == 0 ? fmt::format("rendezvous: rank 0 is waiting for 1 of 2 ranks (rank 1) at "
+                                "127.0.0.1:{} for 1 s; it gives up after 2.5 s",
+                                port)
+                  : fmt::format("rendezvous: rank 1 is waiting for rank 0's store at "
+                                "127.0.0.1:{} for ",
+                                port);
+    EXPECT_NE(err.find(want), std::string::npos) << "rank " << rank << ":\n" << err;
+    EXPECT_NE(err.find("WARNING"), std::string::npos) << err;
   }
 }
 

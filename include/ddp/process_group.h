@@ -75,8 +75,10 @@ struct InitOptions {
   int gloo_threads = 2;
   // Stall inspector: a collective that has waited this long logs, on every
   // waiting rank, which ranks have not reached it and what each was last
-  // doing (step, sequence number, operation). Env DDP_STALL_WARNING_S
-  // overrides it. Must be > 0.
+  // doing (step, sequence number, operation). The rendezvous reports at the
+  // same interval while a rank waits there: "rank 0 is waiting for 1 of 2
+  // ranks (rank 1) at HOST:PORT for 60 s" (or, before rank 0's store is up,
+  // for that store). Env DDP_STALL_WARNING_S overrides it. Must be > 0.
   std::chrono::milliseconds stall_warning{60 * 1000};
   // Debug mode: before every collective, check that all ranks issue the
   // same operation with the same shapes and dtypes, and throw MismatchError
