@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "call_scope.h"
 #include "ddp/error.h"
 #include "ddp_core.h"
 #include "ddp_env.h"
@@ -39,6 +40,10 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module,
     wrapped_.push_back({item.key(), t.unsafeGetTensorImpl(), t.requires_grad(), t.sizes().vec()});
   }
   if (options_.init_sync && group_->size() > 1) {
+    const detail::CallScope call(
+        "DistributedDataParallel's construction",
+        "Every rank constructs its DistributedDataParallel, with the same model, at the same "
+        "point");
     verify_same_model(all, copts_);
     broadcast_coalesced(state_tensors_, 0, copts_);
   }
@@ -239,6 +244,7 @@ bool DdpCore::buffers_due() const {
 // Rank 0's buffers, or with join the highest rank still training (a
 // finished rank's buffers are stale).
 void DdpCore::sync_buffers(bool candidate) {
+  const detail::CallScope call("DDP forward (buffer broadcast)");
   auto t0 = Clock::now();
   int src = 0;
   if (join_) {

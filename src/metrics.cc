@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "call_scope.h"
 #include "ddp/error.h"
 
 namespace ddp {
@@ -70,13 +71,20 @@ const char* to_string(MetricKind kind) {
   return "?";
 }
 
+// Note [Call labels] (call_scope.h).
+constexpr const char* kMetricsAdvice =
+    "The metrics' reductions are collective: every rank of the group calls them, at the same "
+    "point (a rank without data still calls them, adding nothing)";
+
 double reduce_sum(double value, const CollectiveOptions& options) {
+  const detail::CallScope call("reduce_sum", kMetricsAdvice);
   std::vector<double> v{value};
   all_reduce_doubles(v, options);
   return v[0];
 }
 
 double reduce_mean(double value, const CollectiveOptions& options) {
+  const detail::CallScope call("reduce_mean", kMetricsAdvice);
   int world = group_size(options);
   return reduce_sum(value, options) / world;
 }
@@ -84,6 +92,7 @@ double reduce_mean(double value, const CollectiveOptions& options) {
 double reduce_weighted_mean(double value_sum, double weight,
                             const CollectiveOptions& options) {
   check_weight("reduce_weighted_mean", "weight", weight);
+  const detail::CallScope call("reduce_weighted_mean", kMetricsAdvice);
   std::vector<double> v{value_sum, weight};
   all_reduce_doubles(v, options);
   if (v[1] == 0) return std::numeric_limits<double>::quiet_NaN();
@@ -91,6 +100,7 @@ double reduce_weighted_mean(double value_sum, double weight,
 }
 
 int64_t reduce_count(int64_t count, const CollectiveOptions& options) {
+  const detail::CallScope call("reduce_count", kMetricsAdvice);
   std::vector<int64_t> v{count};
   at::Tensor t = at::from_blob(v.data(), {1},
                                at::TensorOptions().dtype(at::kLong));
@@ -242,6 +252,7 @@ Layout decode_layout(const std::string& text) {
 // and contribute zeros. Ranks with different tensors in one all_reduce
 // would otherwise crash Gloo.
 ReducedMetrics Metrics::reduce(const CollectiveOptions& options) const {
+  const detail::CallScope call("Metrics::reduce", kMetricsAdvice);
   Layout layout;
   for (const auto& [name, a] : metrics_) layout.emplace_back(name, a.kind);
   if (layout.size() >= (1u << 16)) {

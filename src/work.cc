@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <string_view>
 #include <thread>
 
+#include "call_scope.h"
 #include "ddp/error.h"
 #include "ddp/logging.h"
 #include "work.h"
@@ -23,9 +25,14 @@ thread_local int t_bucket = -1;
 // record keeps 808 bytes for all its events).
 std::string event_text(const std::string& message) {
   if (message.size() <= 300) return message;
-  std::string cut = message.substr(0, 297);
-  cut += "...";
-  return cut;
+  return fmt::format("{}...", std::string_view(message).substr(0, 297));
+}
+
+// Note [Call labels]: the innermost library call, else DDP's bucket.
+std::string in_call() {
+  if (const char* call = current_call()) return fmt::format(" in {}", call);
+  if (t_bucket >= 0) return fmt::format(" in DDP backward (step {}, bucket {})", t_step, t_bucket);
+  return "";
 }
 
 bool contains_ci(std::string haystack, const std::string& needle) {
@@ -121,6 +128,8 @@ std::shared_ptr<WorkImpl> start_work(
   w->group = group;
   w->seq = g.next_seq++;
   w->what = g.describe(op, w->seq);
+  w->in_call = in_call();
+  w->advice = current_call_advice();
   w->timeout = timeout;
   w->on_device = g.backend_name == "nccl";
   if (t_step >= 0) g.monitor_step(t_step);
@@ -129,7 +138,7 @@ std::shared_ptr<WorkImpl> start_work(
   if (g.flight) w->flight_id = g.flight->started(w->seq, op, signature, g.step.load(), t_bucket);
   try {
     if (g.monitor) {
-      g.monitor->started(w->seq, w->what);
+      g.monitor->started(w->seq, w->what + w->in_call);
       if (debug) g.monitor->check_consistency(w->seq, w->what, signature, timeout);
     }
     w->work = start(*g.backend, timeout);
@@ -174,13 +183,14 @@ void WorkImpl::wait_with_stall_reports() {
     std::string report = monitor ? monitor->stall_report(seq) : "";
     if (now + std::chrono::milliseconds(50) >= deadline) {  // waits may wake a bit early
       throw TimeoutError(fmt::format(
-          "{} timed out after {:.1f} s{}{}. A rank may have stopped, crashed, or skipped this "
-          "collective",
-          what, waited, report.empty() ? "" : ": ", report));
+          "{} timed out after {:.1f} s{}{}{}. A rank may have stopped, crashed, or skipped this "
+          "collective{}{}",
+          what, waited, in_call, report.empty() ? "" : ": ", report, advice ? ". " : "",
+          advice ? advice : ""));
     }
     // Through ddp's logging: the rank prefix (or ddprun's), DDP_LOG_LEVEL.
-    const std::string warning =
-        fmt::format("{} has waited {:.0f} s{}{}", what, waited, report.empty() ? "" : ": ", report);
+    const std::string warning = fmt::format("{} has waited {:.0f} s{}{}{}", what, waited, in_call,
+                                            report.empty() ? "" : ": ", report);
     ddp::log(LogLevel::kWarning, "ddp: " + warning);
     auto& flight = group->impl().flight;
     if (flight && !stall_noted) {
@@ -240,7 +250,11 @@ void WorkImpl::finish_with_error() {
     rethrow_as_comm_error(what);
   } catch (const TimeoutError& e) {
     group->impl().abandon();
-    TimeoutError full(with_stall_report(e.what()));
+    // Note [Call labels]: which library call it was, and its advice.
+    std::string call;
+    if (!in_call.empty()) call = fmt::format(". It was started{}", in_call);
+    if (advice) call += fmt::format(". {}", advice);
+    TimeoutError full(with_stall_report(e.what()) + call);
     record_end(flight::State::kTimedOut, full.what());
     error = std::make_exception_ptr(full);
   } catch (const CommError& e) {

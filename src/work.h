@@ -53,6 +53,10 @@ struct WorkImpl {
   uint64_t seq = 0;                     // the group's sequence number
   c10::intrusive_ptr<c10d::Work> work;  // null: already complete
   std::string what;                     // describe() of the operation
+  // Note [Call labels] (call_scope.h): " in save_checkpoint", " in DDP
+  // backward (step 3, bucket 0)", or ""; and the call's advice, or null.
+  std::string in_call;
+  const char* advice = nullptr;
   std::chrono::milliseconds timeout{0};
   std::function<void()> then;  // runs once after success (e.g. AVG's divide)
   // `then` reads the result on the host (a staged CPU tensor, Note [Staging

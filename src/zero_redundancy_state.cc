@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "call_scope.h"
 #include "checkpoint/checkpoint_format.h"
 #include "ddp/collectives.h"
 #include "ddp/error.h"
@@ -51,6 +52,9 @@ std::vector<std::string> gather_bytes(const std::string& mine, int to, const Pro
 }  // namespace
 
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) const {
+  const detail::CallScope call(
+      "ZeroRedundancyOptimizer::consolidate_state_dict",
+      "consolidate_state_dict is collective: every rank of the optimizer's group calls it");
   const int world = group_ ? group_->size() : 1;
   const int rank = group_ ? group_->rank() : 0;
   if (to < 0 || to >= world) {

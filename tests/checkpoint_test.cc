@@ -25,6 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +34,7 @@
 #include <fstream>
 #include <random>
 
+#include "ddp/distributed_data_parallel.h"
 #include "ddp/error.h"
 #include "support/oracle.h"
 #include "support/thread_world.h"
@@ -284,6 +286,40 @@ TEST(Checkpoint, FilesLatestAndKeepLast) {
                       "fc1.weight", "fc1.bias", "bn.weight", "bn.bias",
                       "fc2.weight", "fc2.bias", "bn.running_mean",
                       "bn.running_var", "bn.num_batches_tracked"}));
+}
+
+// Note [Call labels]: save_checkpoint on rank 0 alone (the Python habit)
+// times out naming the call and saying that it is collective, and the
+// stall report says where the other rank was: after DDP's backward.
+TEST(Checkpoint, SavingOnRankZeroAloneNamesTheCallAndWhereTheOthersAre) {
+  TempDir dir;
+  testing::ThreadWorldOptions o;
+  o.timeout = std::chrono::milliseconds(2000);
+  std::atomic<bool> rank0_done{false};
+  auto errors = run_ranks_collect(2, [&](int r) {
+    torch::nn::Linear lin(4, 2);
+    DistributedDataParallel<torch::nn::Linear> model(lin);
+    model(at::randn({3, 4})).sum().backward();
+    if (r == 1) {  // waits, as a rank gone on to its next step would
+      while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return;
+    }
+    struct Done {
+      std::atomic<bool>& flag;
+      ~Done() { flag = true; }
+    } done{rank0_done};
+    save_checkpoint(dir.path, *lin, nullptr, 0, 1);
+  }, o);
+  ASSERT_TRUE(is_a<TimeoutError>(errors[0])) << message_of(errors[0]);
+  const std::string what = message_of(errors[0]);
+  EXPECT_NE(what.find("in save_checkpoint"), std::string::npos) << what;
+  EXPECT_NE(what.find("Checkpoint saving and loading is collective: every rank of the group "
+                      "calls save_checkpoint"),
+            std::string::npos)
+      << what;
+  EXPECT_NE(what.find("rank 1 has not reached it"), std::string::npos) << what;
+  EXPECT_NE(what.find("in DDP backward (step "), std::string::npos) << what;
+  EXPECT_FALSE(errors[1]) << message_of(errors[1]);
 }
 
 TEST(Checkpoint, ACrashBeforeTheRenameLeavesThePreviousCheckpoint) {

@@ -10,6 +10,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include "call_scope.h"
 #include "checkpoint_files.h"
 #include "checkpoint_format.h"
 #include "ddp/collectives.h"
@@ -221,6 +222,7 @@ std::string save_checkpoint(const std::string& dir,
                             int64_t epoch, int64_t step,
                             const CheckpointOptions& options) {
   check_epoch_step(epoch, step);
+  const detail::CallScope call("save_checkpoint", detail::kCollectiveCheckpointAdvice);
   const ProcessGroupPtr group = resolve_group(options.group);
   const int rank = group ? group->rank() : 0;
   // A sharded optimizer's full state is gathered on the writing rank first
@@ -285,6 +287,7 @@ Checkpoint load_checkpoint(const std::string& path, const c10::Device& device) {
 std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir,
                                                  const c10::Device& device,
                                                  const LoadOptions& options) {
+  const detail::CallScope call("load_latest_checkpoint", detail::kCollectiveCheckpointAdvice);
   const ProcessGroupPtr group = resolve_group(options.group);
   CollectiveOptions co;
   co.group = group;
