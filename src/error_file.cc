@@ -129,9 +129,11 @@ std::string out_of_step_message(const std::string& gloo_text) {
       }
     } catch (...) {
       record_error_message("terminate called after an exception of unknown type");
-      flight::note_event_everywhere("terminate: an exception of unknown type");
     }
   }
+  // The event is noted (record_error: kept only when a collective did not
+  // complete, Note [Kept flight records]); the SIGABRT below adds none.
+  flight::abort_follows();
   if (previous_handler != nullptr) previous_handler();
   std::abort();
 }
@@ -144,7 +146,8 @@ bool record_error(const std::exception& e) noexcept {
     const std::string message = type_name(e) + ": " + what;
     // A failure the program reports keeps its flight records (a ring
     // without an event is removed with its group).
-    flight::note_event_everywhere(("error: " + message.substr(0, 300)).c_str());
+    flight::note_event_everywhere(("error: " + message.substr(0, 300)).c_str(), false,
+                                  flight::Keep::kIfUnfinishedCollective);
     return write_error_file(message, message);
   } catch (...) {
     return false;
@@ -153,7 +156,8 @@ bool record_error(const std::exception& e) noexcept {
 
 bool record_error_message(const std::string& message) noexcept {
   try {
-    flight::note_event_everywhere(("error: " + message.substr(0, 300)).c_str());
+    flight::note_event_everywhere(("error: " + message.substr(0, 300)).c_str(), false,
+                                  flight::Keep::kIfUnfinishedCollective);
     return write_error_file(message, message);
   } catch (...) {
     return false;

@@ -21,6 +21,7 @@
 #include "ddp/flight_recorder.h"
 #include "flight/flight_recorder.h"
 #include "flight/flight_trace.h"
+#include "flight/flight_verdict.h"
 #include "process_group_impl.h"
 #include "support/models.h"
 #include "support/thread_world.h"
@@ -381,6 +382,52 @@ TEST(FlightTrace, OnlyTheMostBehindRankIsBlamedAndAQuietStopIsHedged) {
   EXPECT_HAS(v, "rank 2 is behind");
   EXPECT_HAS(v, "no failure noted: if the job was stopped from outside while healthy, nobody is "
                 "to blame");
+}
+
+// What the launcher knows (flight_verdict.h AttemptFacts): an interruption
+// with nothing noted blames nobody; a rank that ended on its own is named
+// instead of hedged about; each rank's line says how it ended.
+TEST(FlightTrace, TheLaunchersFactsReplaceTheHedge) {
+  auto at = [](uint64_t seq, State s, int64_t start) {
+    flight::TraceEntry e = entry(seq, "all_reduce SUM float32[8]", s);
+    e.start_us = start;
+    e.end_us = s == State::kStarted ? 0 : start + 1000;
+    return e;
+  };
+  // The quiet picture of the test above: rank 2 behind by a few ms.
+  std::vector<flight::RankTrace> ranks = {
+      rank_trace(0, 3, {at(21, State::kCompleted, 100), at(22, State::kStarted, 3000)}),
+      rank_trace(1, 3, {at(21, State::kCompleted, 100), at(22, State::kStarted, 3000)}),
+      rank_trace(2, 3, {at(21, State::kCompleted, 100)})};
+  auto stopped = [](int pid) { return flight::WorkerEnding{pid, false, true, -1, 15}; };
+
+  flight::AttemptFacts interrupted;
+  interrupted.interrupt_signal = 2;
+  interrupted.endings = {stopped(100), stopped(101), {102, false, true, 130, 0}};
+  std::string v = flight::verdict(ranks, interrupted);
+  EXPECT_HAS(v, "interrupted by SIGINT (the launcher passed it to every worker) with no failure "
+                "noted: nothing to blame. The ranks' last collectives were #21 to #22");
+  EXPECT_EQ(v.find("behind"), std::string::npos) << v;
+  EXPECT_HAS(v, "rank 2 (pid 102, h): last #21");
+  EXPECT_HAS(v, "stopped by the launcher, ended with exit code 130");
+
+  flight::AttemptFacts failed;
+  failed.endings = {stopped(100), stopped(101), {102, true, false, 3, 0}};
+  v = flight::verdict(ranks, failed);
+  EXPECT_HAS(v, "rank 2 is behind: the others issued #22 all_reduce");
+  EXPECT_HAS(v, "(rank 2 ended on its own with exit code 3: the summary above says more)");
+  EXPECT_EQ(v.find("nobody is to blame"), std::string::npos) << v;
+  EXPECT_HAS(v, "no event noted; ended on its own with exit code 3");
+  EXPECT_HAS(v, "no event noted; stopped by the launcher, ended by signal 15 (SIGTERM)");
+  EXPECT_EQ(v.find("without a failure of its own?"), std::string::npos) << v;
+
+  // Every rank completed its last collective, one then exited with 3.
+  ranks[0].entries.pop_back();
+  ranks[1].entries.pop_back();
+  v = flight::verdict(ranks, failed);
+  EXPECT_HAS(v, "every rank here completed its last collective, #21 all_reduce [all_reduce SUM "
+                "float32[8], step 3]: the failure was outside the collectives (rank 2 ended on "
+                "its own with exit code 3");
 }
 
 TEST(FlightTrace, AMissingRankIsNamed) {

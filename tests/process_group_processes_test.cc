@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "flight/flight_trace.h"
+#include "flight/flight_verdict.h"
 #include "flight/flight_recorder.h"
 #include "process_group_test_util.h"
 #include "support/oracle.h"
@@ -213,7 +214,7 @@ TEST(ProcessGroupProcesses, RankThatNeverJoinsTimesOutNamingIt) {
   EXPECT_EQ(results[0].exit_code, 3) << results[0].output;
   EXPECT_TRUE(has(results[0].output, "error TimeoutError: rendezvous at 127.0.0.1:" +
                                          std::to_string(port) + " timed out after 2 s on rank 0: "
-                                         "1 of 2 ranks arrived, 1 missing (ranks 1)"))
+                                         "1 of 2 ranks arrived, 1 missing (rank 1)"))
       << results[0].output;
 }
 
@@ -273,6 +274,26 @@ TEST(ProcessGroupProcesses, RankThatStopsTakingPartTimesOutTheOthers) {
   ChildResult s = sleeper.wait(0);  // still sleeping: killed
   EXPECT_TRUE(s.killed);
   EXPECT_TRUE(has(s.output, "joined rank 1 world 2")) << s.output;
+}
+
+// A rank stopped 100 ms after a collective (its publisher thread stopped
+// with it) is reported with that collective, not with the record of its
+// start (Note [Progress publication]: publication follows a change within
+// milliseconds, where it used to wait for the next period, here 600 ms).
+TEST(ProcessGroupProcesses, StoppedRankIsReportedWithItsLastCollective) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  TempDir dir;
+  Child stopped({kWorker, url, "1", "2", "3000", "stop"}, clean_env({}), dir.path() + "/stopped");
+  Child active({kWorker, url, "0", "2", "3000", "stop"}, clean_env({}), dir.path() + "/active");
+  ChildResult r = active.wait(60);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(has(r.output, "barrier #1 on rank 0 of 2 (gloo) timed out")) << r.output;
+  EXPECT_TRUE(has(r.output, "rank 1 has not reached it: at step -1, last started all_reduce #0"))
+      << r.output;
+  EXPECT_TRUE(has(r.output, "and finished it")) << r.output;
+  EXPECT_FALSE(has(r.output, "no collective yet")) << r.output;
+  ChildResult s = stopped.wait(0);  // stopped: killed
+  EXPECT_TRUE(s.killed);
 }
 
 // Through init_process_group() in a real process (every message of
@@ -366,6 +387,39 @@ TEST(ProcessGroupProcesses, UncaughtErrorIsWrittenToTheLaunchersErrorFile) {
   EXPECT_TRUE(has(json, "\"message\": \"ddp::InvalidArgument: rank 0: deliberate uncaught error\""))
       << json;
   EXPECT_TRUE(has(json, "\"timestamp\": \"")) << json;
+}
+
+// Note [Kept flight records], without a launcher (the ring in memory): an
+// error with no collective involved writes nothing; a collective that
+// times out writes the ring under $XDG_STATE_HOME/ddp/flight, never the
+// working directory, and says where.
+TEST(ProcessGroupProcesses, InMemoryRingsAreWrittenOnlyForCollectivesAndTheirPathIsSaid) {
+  TempDir state;
+  const std::vector<std::string> env = {"-DDP_FLIGHT_RECORDER_DIR",
+                                        "XDG_STATE_HOME=" + state.path()};
+  std::vector<std::string> alone = {"RANK=0", "WORLD_SIZE=1", "MASTER_ADDR=127.0.0.1",
+                                    "MASTER_PORT=" + std::to_string(free_port())};
+  alone.insert(alone.end(), env.begin(), env.end());
+  auto r = run_ranks({{{"env://", "-1", "-1", "30000", "uncaught"}, alone}}, 60);
+  EXPECT_EQ(r[0].exit_code, -1) << "expected SIGABRT:\n" << r[0].output;
+  EXPECT_FALSE(has(r[0].output, "flight record")) << r[0].output;
+  EXPECT_FALSE(std::filesystem::exists(state.path() + "/ddp/flight")) << r[0].output;
+
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  TempDir dir;
+  Child sleeper({kWorker, url, "1", "2", "60000", "sleep"}, clean_env(env), dir.path() + "/s");
+  Child active({kWorker, url, "0", "2", "60000", "allreduce", "gloo", "2000"}, clean_env(env),
+               dir.path() + "/a");
+  ChildResult a = active.wait(90);
+  EXPECT_EQ(a.exit_code, 3) << a.output;
+  const std::string said = "ddp: flight record of rank 0 (default) written to ";
+  const size_t at = a.output.find(said + state.path() + "/ddp/flight/");
+  ASSERT_NE(at, std::string::npos) << a.output;
+  const size_t from = at + said.size();
+  const std::string path = a.output.substr(from, a.output.find(' ', from) - from);
+  EXPECT_TRUE(std::filesystem::exists(path)) << path << "\n" << a.output;
+  EXPECT_EQ(ddp::flight::read_trace(path).rank, 0);
+  sleeper.wait(0);
 }
 
 // ddprun's Note [Root cause]: rank 0 fails first but exits last (ddprun

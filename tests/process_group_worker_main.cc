@@ -94,6 +94,10 @@ int run(int argc, char** argv) {
   std::printf("sum %g\n", t[0].item<double>());
   std::fflush(stdout);
   if (action == "segv" && rank == 1) ::raise(SIGSEGV);
+  if (action == "stop" && rank == 1) {  // stopped shortly after a collective
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ::raise(SIGSTOP);
+  }
   ddp::barrier();  // rank 0 hosts the store: nobody leaves before the others
   ddp::destroy_process_group();
   return 0;

@@ -15,8 +15,13 @@
 //     current at every moment, even for a rank killed with SIGKILL, stopped
 //     or hung. A group destroyed without an event removes its file (an
 //     error the program reports with record_error() is an event).
-//   unset: the ring lives in memory and is written to the working directory
-//     at an event.
+//   unset: the ring lives in memory and is written at an event, when a
+//     collective is involved (an error or std::terminate with every
+//     collective of the ring completed is not; a fatal signal needs one
+//     collective in the ring; a dump asked for always writes), to
+//     ~/.local/state/ddp/flight/<UTC date-time>_pid<P>/ ($XDG_STATE_HOME/ddp/
+//     flight when that is set), never the working directory; the path is
+//     printed on stderr.
 // Events: a collective timed out, failed, or waited past the stall warning;
 // std::terminate (Gloo's aborts); SIGSEGV, SIGBUS, SIGILL, SIGFPE or SIGABRT
 // (then the signal's default action, so the exit status is unchanged);
@@ -26,9 +31,10 @@
 // Files: "ddp_flight_<group>_rank<R>.bin". Read them with ddp-trace (a few
 // lines: which rank is behind, on which collective, what the others wait
 // for; --json for every entry). ddprun prints the same verdict when an
-// attempt fails (or is interrupted) and keeps the files (in its kept run
-// directory with --log-dir, -r or -t, else copied to
-// ./ddp_flight_<run directory>_attempt_<K>/).
+// attempt fails (or is interrupted) and, when a collective is involved,
+// keeps the files: in its kept run directory with --log-dir, -r or -t, else
+// copied to ~/.local/state/ddp/flight/<run directory>_attempt_<K>/ (the same
+// home as above), and prints where.
 //
 // Environment: DDP_FLIGHT_RECORDER_ENTRIES (ring size, default 2000; 0 turns
 // the recorder off), DDP_FLIGHT_RECORDER_DIR (above). Read when a process

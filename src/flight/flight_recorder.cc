@@ -14,11 +14,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <system_error>
 
 #include "ddp/error.h"
 #include "ddp/flight_recorder.h"
+#include "flight/flight_home.h"
 
 namespace ddp::flight {
 namespace {
@@ -63,6 +65,17 @@ bool write_all(int fd, const char* p, size_t n) noexcept {
     n -= static_cast<size_t>(k);
   }
   return true;
+}
+
+// "<records_home()>/<UTC yyyymmdd-HHMMSS>_pid<P>": one directory per
+// process, so that two runs never replace each other's rings.
+std::string default_dump_dir() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char when[32];
+  std::strftime(when, sizeof(when), "%Y%m%d-%H%M%S", &tm);
+  return fmt::format("{}/{}_pid{}", records_home(), when, ::getpid());
 }
 
 void make_directories(const std::string& dir) {
@@ -197,8 +210,18 @@ std::unique_ptr<FlightRecorder> FlightRecorder::create(const RecorderSetup& setu
     r->inode_ = st.st_ino;
     r->mapped_ = true;
   } else {
-    r->path_ = unused_path(setup.dump_dir, name);
+    const std::string dump_dir = setup.dump_dir.empty() ? default_dump_dir() : setup.dump_dir;
+    r->path_ = unused_path(dump_dir, name);
     r->tmp_prefix_ = fmt::format("{}.tmp{}.", r->path_, ::getpid());
+    // Created at the first dump, not now: a run without an event leaves
+    // nothing, not even a directory.
+    for (size_t at = dump_dir.find('/', 1); at != std::string::npos; at = dump_dir.find('/', at + 1)) {
+      r->dump_dirs_.push_back(dump_dir.substr(0, at));
+    }
+    r->dump_dirs_.push_back(dump_dir);
+    r->notice_ = fmt::format("ddp: flight record of rank {} ({}) written to {} (read it with "
+                             "ddp-trace {})\n",
+                             setup.rank, setup.group, r->path_, dump_dir);
     base = ::mmap(nullptr, r->bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) {
       throw InvalidArgument(fmt::format(
@@ -272,7 +295,35 @@ void FlightRecorder::ended(uint64_t id, State state) {
   e.guard.fetch_add(1, std::memory_order_release);
 }
 
-bool FlightRecorder::note_event(const char* reason, bool in_signal_handler) noexcept {
+// Note [Kept flight records]
+// A ring is evidence of a collective gone wrong, or of where each rank was
+// when a job failed; of anything else (a bad flag, a missing file, an error
+// after the last collective) it is litter. So an in-memory ring is written
+// at an event only when `keep` says the event concerns collectives: an
+// explicit dump always; a fatal signal when the ring holds at least one
+// collective (the others may be waiting in the next); an error or
+// std::terminate only when a collective in the ring did not complete (a
+// timeout, a failure, one still running, as at Gloo's aborts). ddprun
+// applies the same idea to the rings of all its workers
+// (flight::collective_involved) before it keeps them. Reading the entries'
+// states is async-signal-safe: plain loads of the ring's memory.
+bool FlightRecorder::wanted(Keep keep) const noexcept {
+  if (keep == Keep::kAlways) return true;
+  const uint64_t written = header_->written.load();
+  if (written == 0) return false;
+  if (keep == Keep::kIfAnyCollective) return true;
+  const uint64_t n = std::min<uint64_t>(written, header_->capacity);
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint32_t state = entries_[i].state;
+    if (state != static_cast<uint32_t>(State::kEmpty) &&
+        state != static_cast<uint32_t>(State::kCompleted)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool FlightRecorder::note_event(const char* reason, bool in_signal_handler, Keep keep) noexcept {
   // Outside a signal handler the dump waits for a writer that is between
   // an entry's two guard increments (bounded: never more than ~100 ms, so a
   // caller that holds mu_ itself cannot deadlock here).
@@ -287,6 +338,8 @@ bool FlightRecorder::note_event(const char* reason, bool in_signal_handler) noex
     reason_busy_.clear();
   }
   if (mapped_) return true;  // the file is the ring
+  if (!wanted(keep)) return true;
+  for (const std::string& d : dump_dirs_) ::mkdir(d.c_str(), 0755);  // EEXIST is fine
   char tmp[4096];
   numbered(tmp, sizeof(tmp), tmp_prefix_, g_dumps.fetch_add(1));
   ::unlink(tmp);
@@ -298,13 +351,14 @@ bool FlightRecorder::note_event(const char* reason, bool in_signal_handler) noex
     ::unlink(tmp);
     return false;
   }
+  if (!noticed_.exchange(true)) write_all(STDERR_FILENO, notice_.data(), notice_.size());
   return true;
 }
 
-void note_event_everywhere(const char* reason, bool in_signal_handler) noexcept {
+void note_event_everywhere(const char* reason, bool in_signal_handler, Keep keep) noexcept {
   g_busy.fetch_add(1);
   for (auto& slot : g_slots) {
-    if (FlightRecorder* r = slot.load()) r->note_event(reason, in_signal_handler);
+    if (FlightRecorder* r = slot.load()) r->note_event(reason, in_signal_handler, keep);
   }
   g_busy.fetch_sub(1);
 }
@@ -332,9 +386,13 @@ const char* fatal_reason(int sig) noexcept {
   }
 }
 
+std::atomic<bool> g_abort_noted{false};  // abort_follows()
+
 void on_fatal_signal(int sig) {
   const int saved = errno;
-  note_event_everywhere(fatal_reason(sig), true);
+  if (sig != SIGABRT || !g_abort_noted.load()) {
+    note_event_everywhere(fatal_reason(sig), true, Keep::kIfAnyCollective);
+  }
   errno = saved;
   // SA_RESETHAND restored the default action; the signal, blocked while
   // this runs, is delivered again on return and ends the process as it
@@ -362,6 +420,8 @@ void install_if_default(int sig, void (*handler)(int), int flags) {
 }
 
 }  // namespace
+
+void abort_follows() noexcept { g_abort_noted.store(true); }
 
 void install_signal_handlers() {
   static std::once_flag once;

@@ -1,5 +1,5 @@
-// Reading flight records and saying what went wrong: ddp-trace's engine,
-// also run by ddprun on a failed attempt. No libtorch.
+// Reading flight records back: ddp-trace's and ddprun's input (the verdict
+// over them is flight_verdict.h). No libtorch.
 #pragma once
 
 #include <cstdint>
@@ -41,17 +41,6 @@ RankTrace read_trace(const std::string& path);
 // files that are not flight records are reported in `skipped` ("path:
 // why"), not thrown. Throws InvalidArgument when `dir` cannot be listed.
 std::vector<RankTrace> read_trace_dir(const std::string& dir, std::vector<std::string>* skipped);
-
-// The verdict over every rank's ring: a few lines per process group, first
-// the conclusion ("rank 1 is behind: ...", "collective #7 differs across
-// ranks: ...", "every rank reached ..."), then one line per rank with its
-// last collective, its state and any event. "" when `traces` is empty.
-std::string verdict(const std::vector<RankTrace>& traces);
-
-// One entry as a line: "#12 all_reduce of gradient bucket 0 of 2
-// (iteration 4) [all_reduce SUM float32[1024]] step 4 bucket 0: timed out
-// after 30.00 s".
-std::string describe_entry(const TraceEntry& e);
 
 // All entries of all traces as JSON (ddp-trace --json).
 std::string to_json(const std::vector<RankTrace>& traces);

@@ -9,6 +9,7 @@
 
 #include "flight/flight_format.h"
 #include "flight/flight_trace.h"
+#include "flight/flight_verdict.h"
 #include "launcher/group_support.h"
 
 namespace ddp::launcher {
@@ -39,7 +40,8 @@ std::string flight_dir_of_attempt(const std::string& attempt_dir) {
 }
 
 std::string flight_report(const std::string& dir, const std::string& copy_to,
-                          const std::vector<int>& pids, bool* copy_failed) {
+                          const std::vector<int>& pids, const flight::AttemptFacts& facts,
+                          bool* copy_failed) {
   std::vector<flight::RankTrace> traces;
   std::vector<std::string> skipped;
   try {
@@ -54,6 +56,10 @@ std::string flight_report(const std::string& dir, const std::string& copy_to,
                               }),
                traces.end());
   if (traces.empty() && skipped.empty()) return "";
+  // Note [Kept flight records]: a failure before the first collective or
+  // after the last (a bad flag, a missing file) leaves rings that say
+  // nothing; they are neither kept nor judged.
+  if (skipped.empty() && !flight::collective_involved(traces)) return "";
   std::string kept = dir, note;
   if (!copy_to.empty()) {
     const std::string error = copy_rings(traces, copy_to);
@@ -69,7 +75,7 @@ std::string flight_report(const std::string& dir, const std::string& copy_to,
                                 "ddp-trace {}; --json for every collective):\n",
                                 kept, kept) +
                     note;
-  std::string text = flight::verdict(traces);
+  std::string text = flight::verdict(traces, facts);
   for (size_t start = 0; start < text.size();) {
     size_t end = text.find('\n', start);
     if (end == std::string::npos) end = text.size();

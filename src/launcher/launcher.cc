@@ -9,6 +9,7 @@
 
 #include "ddp/error.h"
 #include "env_names.h"
+#include "flight/flight_home.h"
 #include "launcher/control.h"
 #include "launcher/flight_report.h"
 #include "launcher/group_support.h"
@@ -55,10 +56,10 @@ bool restart_allowed(const LaunchOptions& o, int restart_count) {
 
 // The flight recorder's verdict over this node's ranks (flight_report.h).
 // The rings are in the user's DDP_FLIGHT_RECORDER_DIR, or in the attempt's
-// directory, copied to ./ddp_flight_<run directory>_attempt_<K> when the run
-// directory is temporary.
+// directory, copied to <flight::records_home()>/<run directory>_attempt_<K>
+// (~/.local/state/ddp/flight/...) when the run directory is temporary.
 void report_flight_records(const Job& job, int restart_count,
-                           const std::vector<WorkerResult>& local) {
+                           const std::vector<WorkerResult>& local, int interrupt_signal) {
   const char* own = std::getenv(env_names::kFlightRecorderDir);
   std::string dir, copy_to;
   if (own != nullptr && *own != '\0') {
@@ -67,8 +68,8 @@ void report_flight_records(const Job& job, int restart_count,
     dir = flight_dir_of_attempt(job.dir.attempt_dir(restart_count));
     if (!job.dir.kept()) {
       const std::string& run = job.dir.path();
-      copy_to = fmt::format("ddp_flight_{}_attempt_{}", run.substr(run.rfind('/') + 1),
-                            restart_count);
+      copy_to = fmt::format("{}/{}_attempt_{}", flight::records_home(),
+                            run.substr(run.rfind('/') + 1), restart_count);
     }
   }
   // A directory of the user's may hold other runs' rings: only this
@@ -78,19 +79,26 @@ void report_flight_records(const Job& job, int restart_count,
   if (copy_to.empty() && own != nullptr && *own != '\0') {
     for (const WorkerResult& w : local) pids.push_back(static_cast<int>(w.pid));
   }
+  // What ddprun saw, which the rings cannot say (flight_verdict.h).
+  flight::AttemptFacts facts;
+  facts.interrupt_signal = interrupt_signal;
+  for (const WorkerResult& w : local) {
+    facts.endings.push_back({static_cast<int>(w.pid), w.end == WorkerEnd::kFailed,
+                             w.end == WorkerEnd::kStopped, w.exit_code, w.signal});
+  }
   bool copy_failed = false;
-  const std::string text = flight_report(dir, copy_to, pids, &copy_failed);
+  const std::string text = flight_report(dir, copy_to, pids, facts, &copy_failed);
   if (copy_failed) job.dir.keep();  // the text names it
   if (!text.empty()) write_all(STDERR_FILENO, "ddprun: " + text);
 }
 
 void print_summary(const Job& job, const FailureReport& root,
                    const std::vector<WorkerResult>& local,
-                   std::vector<std::string> notes, int restart_count) {
+                   std::vector<std::string> notes, int restart_count, int interrupt_signal) {
   std::string title = fmt::format("{} failed (attempt {} of {})", job.o.program[0],
                                   restart_count + 1, job.o.max_restarts + 1);
   write_all(STDERR_FILENO, format_summary(title, root, local, notes));
-  report_flight_records(job, restart_count, local);
+  report_flight_records(job, restart_count, local, interrupt_signal);
 }
 
 int single_node(const Job& job) {
@@ -103,10 +111,10 @@ int single_node(const Job& job) {
     if (g.outcome == GroupOutcome::kSucceeded) return kExitSuccess;
     if (g.outcome == GroupOutcome::kFailed) {
       print_summary(job, make_failure_report(g.workers[g.root_cause], o.node_rank),
-                    g.workers, {}, k);
+                    g.workers, {}, k, g.interrupt_signal);
       if (g.interrupt_signal == 0 && restart_allowed(o, k)) continue;
     } else {
-      report_flight_records(job, k, g.workers);  // interrupted: a hung job's Ctrl-C
+      report_flight_records(job, k, g.workers, g.interrupt_signal);  // interrupted
     }
     return exit_code_for(g.interrupt_signal);
   }
@@ -132,11 +140,11 @@ int coordinate(const Job& job) {
       return kExitSuccess;
     }
     if (a.root) {
-      print_summary(job, *a.root, g.workers, a.notes, k);
+      print_summary(job, *a.root, g.workers, a.notes, k, a.interrupt_signal);
     } else {
       launcher_message("the job failed: " + a.reason);
       for (const std::string& note : a.notes) launcher_message(note);
-      report_flight_records(job, k, g.workers);
+      report_flight_records(job, k, g.workers, a.interrupt_signal);
     }
     if (a.restartable && restart_allowed(o, k)) continue;
     c.finish_job(kExitFailure, a.root ? root_cause_line(*a.root) : "the job failed");
@@ -171,10 +179,11 @@ int follow(const Job& job) {
     agent.report_exit(k, g);
     if (g.outcome == GroupOutcome::kFailed) {
       print_summary(job, make_failure_report(g.workers[g.root_cause], o.node_rank),
-                    g.workers, {}, k);
+                    g.workers, {}, k, g.interrupt_signal);
     } else if (g.outcome == GroupOutcome::kStopped) {
       launcher_message(fmt::format("stopped this node's workers: {}", g.stop_reason));
-      report_flight_records(job, k, g.workers);  // this node's part of the picture
+      // This node's part of the picture.
+      report_flight_records(job, k, g.workers, g.interrupt_signal);
     }
     if (g.interrupt_signal != 0) return exit_code_for(g.interrupt_signal);
   }

@@ -10,6 +10,7 @@
 
 #include <dirent.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "ddp/checkpoint.h"
@@ -35,7 +36,8 @@ class DdpTrainFaults : public ::testing::Test {
   }
   // 2 ranks, 1280 training images: 10 steps of 2 x 64 per epoch. The
   // flight records go to dir_/flight unless `cwd` is given: then ddprun runs
-  // there with its default (records copied into its working directory).
+  // there with its default (records kept under $XDG_STATE_HOME/ddp/flight,
+  // here dir_/state/ddp/flight, never the working directory).
   ProcessResult train(const std::string& out, std::vector<std::string> extra,
                       std::vector<std::string> launcher_flags = {}, const std::string& cwd = "",
                       int nproc = 2) {
@@ -54,7 +56,7 @@ class DdpTrainFaults : public ::testing::Test {
     argv.insert(argv.end(), {"--out-dir", out});
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto start = std::chrono::steady_clock::now();
-    std::vector<std::string> env = {tag_};
+    std::vector<std::string> env = {tag_, "XDG_STATE_HOME=" + dir_ + "/state"};
     env.push_back(cwd.empty() ? "DDP_FLIGHT_RECORDER_DIR=" + dir_ + "/flight"
                               : std::string("-DDP_FLIGHT_RECORDER_DIR"));
     ProcessResult r = run_process(argv, env, 240);
@@ -90,6 +92,19 @@ bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
+// ddp-trace's usage errors exit 2, as its header says (CLI11's own codes
+// were 106 and 109), in the one form of ddp's programs.
+TEST(DdpTrace, UsageErrorsExitTwoNamingTheProblem) {
+  ProcessResult none = run_process({DDP_TRACE_PATH}, {}, 30);
+  EXPECT_EQ(none.exit_code, 2) << none.err;
+  EXPECT_TRUE(has(none.err, "ddp-trace: error: paths is required (see ddp-trace --help)"))
+      << none.err;
+  ProcessResult bad = run_process({DDP_TRACE_PATH, "--jsn", "x"}, {}, 30);
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_TRUE(has(bad.err, "ddp-trace: error: unknown flag --jsn (did you mean --json?)"))
+      << bad.err;
+}
+
 TEST_F(DdpTrainFaults, CrashInBackwardIsNamedAndStopsTheJob) {
   ProcessResult r = train(dir_ + "/a", {"--fault", "crash-in-backward", "--fault-step", "3"});
   EXPECT_NE(r.exit_code, 0);
@@ -102,7 +117,8 @@ TEST_F(DdpTrainFaults, CrashInBackwardIsNamedAndStopsTheJob) {
 
 TEST_F(DdpTrainFaults, SigkillIsNamed) {
   // ddprun's defaults: the rings in its temporary run directory, copied
-  // into its working directory when the attempt fails.
+  // under $XDG_STATE_HOME/ddp/flight when the attempt fails with a
+  // collective involved (Note [Kept flight records]).
   ProcessResult r =
       train(dir_ + "/a", {"--fault", "sigkill", "--fault-step", "4"}, {}, dir_);
   EXPECT_NE(r.exit_code, 0);
@@ -110,24 +126,58 @@ TEST_F(DdpTrainFaults, SigkillIsNamed) {
   EXPECT_FALSE(lines_with(r.err, "rank 1").empty()) << r.err;
   EXPECT_LT(took_, 60.0);
   expect_nothing_left();
+  EXPECT_TRUE(entries_of(dir_, "ddp_flight").empty()) << "nothing in the working directory";
   // Killed before step 4's backward; rank 1's ring (a mapped file) survived
   // its SIGKILL. Whether rank 0 had reached the first gradient bucket's
   // all_reduce before ddprun stopped it is a race (ddprun reacts within
-  // milliseconds): the verdict says either.
-  EXPECT_TRUE(has(r.err, "rank 1 is behind: the others issued #25 all_reduce of gradient bucket 0 "
-                         "of 2 (iteration 3)") ||
-              has(r.err, "every rank here completed its last collective, #24 broadcast"))
-      << r.err;
-  std::vector<std::string> kept = entries_of(dir_, "ddp_flight_ddprun_");
+  // milliseconds). If it had, the rings show it waiting and are kept;
+  // if not, every rank completed its last broadcast and nothing is kept or judged.
+  const std::string home = dir_ + "/state/ddp/flight";
+  std::vector<std::string> kept = entries_of(home, "ddprun_");
+  if (!has(r.err, "flight records of this node's ranks in")) {
+    EXPECT_TRUE(kept.empty()) << r.err;
+    return;
+  }
+  // (Sequence numbers depend on the collectives before training: not pinned.)
+  EXPECT_TRUE(has(r.err, "rank 1 is behind: the others issued #")) << r.err;
+  EXPECT_TRUE(has(r.err, " all_reduce of gradient bucket 0 of 2 (iteration 3)")) << r.err;
+  EXPECT_TRUE(has(r.err, "rank 1 ended on its own by signal 9 (SIGKILL)")) << r.err;
   ASSERT_EQ(kept.size(), 1u) << r.err;
   EXPECT_TRUE(has(kept[0], "_attempt_0")) << kept[0];
-  EXPECT_TRUE(has(r.err, "flight records of this node's ranks in " + kept[0])) << r.err;
-  EXPECT_EQ(entries_of(dir_ + "/" + kept[0], "ddp_flight_default_rank").size(), 2u);
-  std::string verdict = trace(dir_ + "/" + kept[0]);
+  EXPECT_TRUE(has(r.err, "flight records of this node's ranks in " + home + "/" + kept[0]))
+      << r.err;
+  EXPECT_EQ(entries_of(home + "/" + kept[0], "ddp_flight_default_rank").size(), 2u);
+  std::string verdict = trace(home + "/" + kept[0]);
   EXPECT_TRUE(has(verdict, "process group 'default' (gloo, 2 ranks): ")) << verdict;
   EXPECT_TRUE(has(verdict, "rank 1 (pid ")) << verdict;
-  EXPECT_TRUE(has(verdict, "last #24 broadcast")) << verdict;
+  EXPECT_TRUE(has(verdict, " broadcast [broadcast src=0 int64[2], step 2]: completed")) << verdict;
   EXPECT_TRUE(has(verdict, "no event noted")) << verdict;
+}
+
+// A configuration error before any collective (a missing --data-dir)
+// keeps no flight record anywhere (Note [Kept flight records]).
+TEST_F(DdpTrainFaults, AFailureWithoutACollectiveKeepsNoFlightRecord) {
+  ProcessResult r = train(dir_ + "/a", {"--data-dir", dir_ + "/no-such-data"}, {}, dir_);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(has(r.err, "no-such-data")) << r.err;
+  EXPECT_FALSE(has(r.err, "flight record")) << r.err;
+  EXPECT_TRUE(entries_of(dir_, "ddp_flight").empty());
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/state/ddp/flight"));
+  expect_nothing_left();
+}
+
+// A rank that exits with an error between collectives: ddprun's verdict,
+// told the exit codes, names it with its code after the summary instead of
+// guessing from the rings that "nobody is to blame".
+TEST_F(DdpTrainFaults, ExitOutsideTheCollectivesIsNamedByTheVerdict) {
+  ProcessResult r = train(dir_ + "/a", {"--fault", "exit", "--fault-step", "4"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_TRUE(has(r.err, "flight records of this node's ranks in")) << r.err;
+  EXPECT_TRUE(has(r.err, "rank 1 ended on its own with exit code 3")) << r.err;
+  EXPECT_FALSE(has(r.err, "nobody is to blame")) << r.err;
+  EXPECT_LT(took_, 60.0);
+  expect_nothing_left();
 }
 
 TEST_F(DdpTrainFaults, SkippedCollectiveIsNamedByTheFlightRecorder) {

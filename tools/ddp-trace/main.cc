@@ -1,6 +1,6 @@
 // ddp-trace: the verdict over the flight records of a failed or hung job.
 //
-//   ddp-trace ./ddp_flight_ddprun_job_x1Y2_attempt_0     (a directory)
+//   ddp-trace ~/.local/state/ddp/flight/ddprun_job_x1Y2_attempt_0   (a directory)
 //   ddp-trace rank0.bin rank1.bin                          (files; hosts' copies)
 //   ddp-trace --json DIR                                    (every collective)
 //
@@ -15,7 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "cli/usage_error.h"
+#include "flight/flight_home.h"
 #include "flight/flight_trace.h"
+#include "flight/flight_verdict.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -29,7 +32,15 @@ int main(int argc, char** argv) {
       ->required();
   app.add_flag("--json", json, "Print every entry of every rank as JSON instead of the verdict");
   app.add_flag("--all", all, "After the verdict, every rank's entries, oldest first");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << ddp::cli::usage_error("ddp-trace", app, e,
+                                       std::vector<std::string>(argv + 1, argv + argc))
+              << "\n";
+    return ddp::cli::kUsageExit;
+  }
   std::vector<ddp::flight::RankTrace> traces;
   std::vector<std::string> problems;
   for (const std::string& p : paths) {
@@ -58,8 +69,10 @@ int main(int argc, char** argv) {
   if (traces.empty()) {
     if (json) std::cout << "[]\n";
     std::cerr << "ddp-trace: no flight record read. Records are written under "
-                 "DDP_FLIGHT_RECORDER_DIR (ddprun: its run directory, kept after a failure), "
-                 "or the working directory at an event\n";
+                 "DDP_FLIGHT_RECORDER_DIR when it is set (ddprun: its run directory), else, when "
+                 "a collective is involved, under "
+              << ddp::flight::records_home() << " (ddprun's copies of a failed attempt's, "
+                 "and a program's own at an event)\n";
     return 2;
   }
   if (json) {
