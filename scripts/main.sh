@@ -7,5 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 build=${DDP_BUILD_DIR:-build}
+# The main job's directory holds the last main job: a new one replaces it
+# (ddp-train refuses a directory with another run unless told, Note [One
+# run per directory]); --resume continues it instead.
+replace=(--overwrite)
+for a in "$@"; do
+  case $a in --resume|--overwrite) replace=() ;; esac
+done
 exec "$build/tools/ddprun/ddprun" --standalone --nproc-per-node 2 \
-  "$build/tools/ddp-train/ddp-train" --out-dir "${DDP_OUT_DIR:-out/ddp-train}" "$@"
+  "$build/tools/ddp-train/ddp-train" --out-dir "${DDP_OUT_DIR:-out/ddp-train}" "${replace[@]}" "$@"

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <ostream>
 
+#include "cli/usage_error.h"
 #include "ddp/error.h"
 #include "launcher/help.h"
 #include "launcher/signals.h"
@@ -334,8 +335,9 @@ std::optional<int> parse_command_line(int argc, const char* const* argv,
   try {
     app.parse(reversed);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e, out, err);
-    return rc == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e, out, err);  // --help
+    err << cli::usage_error("ddprun", app, e, flags) << "\n";
+    return cli::kUsageExit;
   }
   try {
     parsed.program = program;

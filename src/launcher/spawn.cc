@@ -11,6 +11,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "ddp/error.h"
 #include "launcher/signals.h"
@@ -88,6 +90,36 @@ int exec_errno(int fd) {
   }
 }
 
+// Why `program` (which exists) cannot be run, and what to run instead: a
+// directory is named as one; a script's advice names its own interpreter
+// (its #! line), python3 only for a Python file.
+std::string not_executable(const std::string& program) {
+  struct stat st {};
+  if (::stat(program.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return fmt::format("program '{}' is a directory: give the program to run (a file in it)",
+                       program);
+  }
+  std::string interpreter;
+  std::ifstream in(program);
+  std::string first;
+  if (in && std::getline(in, first) && first.rfind("#!", 0) == 0) {
+    interpreter = first.substr(2);
+    while (!interpreter.empty() && interpreter.front() == ' ') interpreter.erase(0, 1);
+    // "/usr/bin/env python3" -> "python3"
+    if (interpreter.rfind("/usr/bin/env ", 0) == 0) interpreter = interpreter.substr(13);
+  } else if (program.size() > 3 && program.compare(program.size() - 3, 3, ".py") == 0) {
+    interpreter = "python3";
+  } else if (program.size() > 3 && program.compare(program.size() - 3, 3, ".sh") == 0) {
+    interpreter = "bash";
+  }
+  if (interpreter.empty()) {
+    return fmt::format("program '{}' is not an executable file: chmod +x it", program);
+  }
+  return fmt::format("program '{}' is not an executable file: chmod +x it, or run it with its "
+                     "interpreter (ddprun [flags] {} {})",
+                     program, interpreter, program);
+}
+
 }  // namespace
 
 std::string resolve_program(const std::string& program) {
@@ -97,10 +129,7 @@ std::string resolve_program(const std::string& program) {
       throw InvalidArgument(fmt::format(
           "program '{}' does not exist: check the path", program));
     }
-    throw InvalidArgument(fmt::format(
-        "program '{}' is not an executable file: chmod +x it, or run it with "
-        "its interpreter (ddprun [flags] python3 {})",
-        program, program));
+    throw InvalidArgument(not_executable(program));
   }
   const char* path_env = std::getenv("PATH");
   std::string path = path_env ? path_env : "/usr/local/bin:/usr/bin:/bin";

@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
+
 #include "launcher/launcher_fixture.h"
 
 namespace ddp::testing {
@@ -95,6 +97,24 @@ TEST_F(LauncherTest, MissingProgramIsNamed) {
   auto r2 = run({DDPRUN_PATH, "no-such-program-in-path-xyz"});
   EXPECT_EQ(r2.exit_code, 1);
   EXPECT_THAT(r2.err, HasSubstr("'no-such-program-in-path-xyz' was not found in PATH"));
+}
+
+// A program that exists but cannot run: a directory is named as one; a
+// script's advice names its own interpreter, python3 only for Python.
+TEST_F(LauncherTest, AProgramThatCannotRunGetsAdviceThatFitsIt) {
+  auto dir = run({DDPRUN_PATH, path("")});
+  EXPECT_EQ(dir.exit_code, 1);
+  EXPECT_THAT(dir.err, HasSubstr("is a directory: give the program to run"));
+  std::ofstream(path("job.sh")) << "#!/bin/bash\necho hi\n";
+  auto sh = run({DDPRUN_PATH, path("job.sh")});
+  EXPECT_EQ(sh.exit_code, 1);
+  EXPECT_THAT(sh.err, HasSubstr("'" + path("job.sh") + "' is not an executable file: chmod +x "
+                                "it, or run it with its interpreter (ddprun [flags] /bin/bash " +
+                                path("job.sh") + ")"));
+  EXPECT_THAT(sh.err, Not(HasSubstr("python3")));
+  std::ofstream(path("train.py")) << "print(1)\n";
+  auto py = run({DDPRUN_PATH, path("train.py")});
+  EXPECT_THAT(py.err, HasSubstr("(ddprun [flags] python3 " + path("train.py") + ")"));
 }
 
 TEST_F(LauncherTest, BadFlagsExitWithUsageErrors) {

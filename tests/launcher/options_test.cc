@@ -144,6 +144,28 @@ TEST(LauncherOptions, ErrorsNameTheFlag) {
   }
 }
 
+// A flag ddprun does not know: "ddprun: error:", the flag as given, the
+// closest known flag, and where to look (CLI11 alone printed "The following
+// argument was not expected: --nprocs").
+TEST(LauncherOptions, AnUnknownFlagIsNamedWithTheClosestKnownOne) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--nprocs", "2", "p"},
+            "ddprun: error: unknown flag --nprocs (did you mean --nproc-per-node?) (see ddprun "
+            "--help)"},
+           {{"--standalon", "p"}, "unknown flag --standalon (did you mean --standalone?)"},
+           {{"--max_restart=2", "p"}, "unknown flag --max-restart (did you mean --max-restarts?)"},
+           {{"--frobnicate", "p"}, "ddprun: error: unknown flag --frobnicate (see ddprun --help)"},
+       }) {
+    Parsed p = parse(c.args);
+    EXPECT_EQ(p.exit_code, 2) << c.message;
+    EXPECT_THAT(p.err, HasSubstr(c.message));
+  }
+}
+
 TEST(LauncherOptions, HelpNamesEveryFlag) {
   Parsed p = parse({"--help"});
   EXPECT_EQ(p.exit_code, 0);

@@ -3,9 +3,9 @@
 // complete, --resume from a checkpoint written inside an epoch ends exactly
 // where an uninterrupted run ends, and bad input fails with a clear message.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +13,7 @@
 
 #include "ddp/checkpoint.h"
 #include "launcher/process_harness.h"
+#include "support/oracle.h"
 
 namespace ddp::testing {
 namespace {
@@ -66,6 +67,28 @@ TEST_F(DdpTrain, LearnsAndKeepsReplicasIdentical) {
   EXPECT_TRUE(latest_checkpoint_path(dir_ + "/a/checkpoints").has_value());
 }
 
+// README's Python twin of the model (tools/ddp-train/fashion_cnn.py) loads
+// a checkpoint's .model.pt with strict=True and gives ten logits.
+TEST_F(DdpTrain, TheModelLoadsInPythonsTwin) {
+  if (!oracle_configured()) GTEST_SKIP() << kNoOracle;
+  ProcessResult r = train(dir_ + "/m", {"--no-plot", "--epochs", "1", "--max-steps", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string path = *latest_checkpoint_path(dir_ + "/m/checkpoints");
+  const std::string model = path.substr(0, path.size() - std::string(".ddpckpt").size()) +
+                            ".model.pt";
+  const std::string script = "import sys, torch\n"
+                             "sys.path.insert(0, '" DDP_SOURCE_DIR "/tools/ddp-train')\n"
+                             "from fashion_cnn import FashionCnn\n"
+                             "m = FashionCnn()\n"
+                             "m.load_state_dict(torch.load(sys.argv[1]))\n"
+                             "m.eval()\n"
+                             "print('logits', tuple(m(torch.zeros(2, 1, 28, 28)).shape))\n";
+  std::ofstream(dir_ + "/load.py") << script;
+  ProcessResult py = run_process({oracle_python(), dir_ + "/load.py", model}, {}, 120);
+  EXPECT_EQ(py.exit_code, 0) << py.out << py.err;
+  EXPECT_NE(py.out.find("logits (2, 10)"), std::string::npos) << py.out << py.err;
+}
+
 TEST_F(DdpTrain, ResumeInsideAnEpochEndsLikeAnUninterruptedRun) {
   ProcessResult full = train(dir_ + "/full", {"--no-plot"});
   ASSERT_EQ(full.exit_code, 0) << full.out << full.err;
@@ -87,6 +110,90 @@ TEST_F(DdpTrain, ResumeInsideAnEpochEndsLikeAnUninterruptedRun) {
   }
 }
 
+// Note [Interrupted training]: Ctrl-C (SIGINT to ddprun, which passes it
+// on) stops both ranks after the same step with a checkpoint, says where
+// and how to continue, draws the plot and exits 130; --resume then
+// finishes the run.
+TEST_F(DdpTrain, InterruptSavesSaysHowToContinueAndResumes) {
+  const std::string out = dir_ + "/a";
+  std::vector<std::string> argv = {DDPRUN_PATH, "--standalone", "--nproc-per-node", "2",
+                                   DDP_TRAIN_PATH, "--out-dir", out, "--train-samples", "3840",
+                                   "--test-samples", "1000", "--epochs", "2", "--log-every", "5",
+                                   "--timeout", "120"};
+  TestProcess p(argv, {});
+  // Inside epoch 2: epoch 1's line is there to plot.
+  ASSERT_TRUE(p.wait_for_output("epoch 2/2 step 5/30", 120)) << p.output_so_far();
+  p.send_signal(SIGINT);
+  ProcessResult r = p.wait(60);
+  EXPECT_EQ(r.exit_code, 130) << r.out << r.err;
+  const std::vector<std::string> said = lines_with(r.out, "ddp-train: interrupted by SIGINT at step ");
+  ASSERT_EQ(said.size(), 1u) << "rank 0 alone says it: " << r.out << r.err;
+  EXPECT_NE(said[0].find("Continue with the same flags and --resume"), std::string::npos)
+      << said[0];
+  const std::optional<std::string> latest = latest_checkpoint_path(out + "/checkpoints");
+  ASSERT_TRUE(latest.has_value()) << r.out;
+  EXPECT_NE(said[0].find("latest checkpoint " + *latest), std::string::npos) << said[0];
+  const Checkpoint ckpt = load_checkpoint(*latest);
+  EXPECT_NE(said[0].find("at step " + std::to_string(ckpt.step) + " ("), std::string::npos) << said[0];
+  EXPECT_GT(ckpt.step, 30);
+  EXPECT_LT(ckpt.step, 60);
+  EXPECT_NE(said[0].find("(epoch 2/2, batch "), std::string::npos) << said[0];
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    EXPECT_TRUE(std::filesystem::exists(out + "/metrics.png")) << r.out << r.err;
+  }
+  ProcessResult resumed = train(out, {"--no-plot", "--resume"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  const Checkpoint last = load_checkpoint(*latest_checkpoint_path(out + "/checkpoints"));
+  EXPECT_EQ(last.epoch, 2);
+  EXPECT_EQ(last.step, 60);
+}
+
+// Note [One run per directory]: a second run into a directory that holds
+// one is refused, naming it; --resume with another run's flags names each
+// difference; a resume cuts metrics.jsonl back to the checkpoint's past
+// (a line past it, and the line of the epoch it stopped inside); and
+// --overwrite replaces the run.
+TEST_F(DdpTrain, ADirectoryHoldingARunIsRefusedResumedOnlyAsItselfOrReplaced) {
+  const std::string out = dir_ + "/a";
+  ProcessResult first = train(out, {"--no-plot", "--max-steps", "45"});
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  ASSERT_EQ(records(out).size(), 2u);  // epoch 1, and epoch 2 up to step 45
+
+  ProcessResult again = train(out, {"--no-plot"});
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_NE(again.err.find("ddp-train: --out-dir " + out + " holds another run (" + out +
+                           "/metrics.jsonl with 2 epochs, "),
+            std::string::npos)
+      << again.err;
+  EXPECT_NE(again.err.find("continue it with --resume"), std::string::npos) << again.err;
+  EXPECT_NE(again.err.find("replace it with --overwrite"), std::string::npos) << again.err;
+
+  ProcessResult other = train(out, {"--no-plot", "--resume", "--seed", "1", "--optimizer", "sgd"});
+  EXPECT_NE(other.exit_code, 0);
+  EXPECT_NE(other.err.find("belongs to another run: --seed gives 1, but the checkpoint's run "
+                           "used 0; --optimizer gives \"sgd\", but the checkpoint's run used "
+                           "\"adam\""),
+            std::string::npos)
+      << other.err;
+
+  std::ofstream(out + "/metrics.jsonl", std::ios::app) << "{\"epoch\": 2, \"steps\": 50}\n";
+  ProcessResult resumed = train(out, {"--no-plot", "--resume"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  EXPECT_EQ(lines_with(resumed.out, "dropped 2 lines of").size(), 1u) << resumed.out;
+  std::vector<nlohmann::json> recs = records(out);
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[0]["epoch"], 1);
+  EXPECT_EQ(recs[0]["steps"], 30);
+  EXPECT_EQ(recs[1]["epoch"], 2);
+  EXPECT_EQ(recs[1]["steps"], 60);
+
+  ProcessResult replaced = train(out, {"--no-plot", "--overwrite", "--max-steps", "30"});
+  ASSERT_EQ(replaced.exit_code, 0) << replaced.out << replaced.err;
+  EXPECT_EQ(records(out).size(), 1u);
+  const Checkpoint latest = load_checkpoint(*latest_checkpoint_path(out + "/checkpoints"));
+  EXPECT_EQ(latest.step, 30);
+}
+
 // A checkpoint whose metadata ddp-train did not write: --resume fails
 // naming the file, the key and the value (not std::stoll's "stoll").
 TEST_F(DdpTrain, ResumeFromBadMetadataNamesTheKeyAndTheFile) {
@@ -96,7 +203,7 @@ TEST_F(DdpTrain, ResumeFromBadMetadataNamesTheKeyAndTheFile) {
   Checkpoint c = load_checkpoint(path);
   c.metadata["epoch_batches"] = "many";
   std::ofstream(path, std::ios::binary | std::ios::trunc) << serialize_checkpoint(c);
-  ProcessResult second = train(dir_ + "/bad", {"--no-plot", "--resume"});
+  ProcessResult second = train(dir_ + "/bad", {"--no-plot", "--epochs", "1", "--resume"});
   EXPECT_NE(second.exit_code, 0) << second.out << second.err;
   const std::string all = second.out + second.err;
   EXPECT_NE(all.find("metadata 'epoch_batches' = 'many' is not a count"), std::string::npos) << all;
@@ -154,6 +261,19 @@ TEST_F(DdpTrain, BadFlagValuesNameTheFlagAndTheRange) {
   }
 }
 
+// An unknown flag: one line, the flag as given and the closest one, exit 2
+// (not CLI11's "not expected: 2 --epoch", nor "ddp-train failed: ddp-train:").
+TEST_F(DdpTrain, AnUnknownFlagIsNamedWithTheClosestKnownOne) {
+  ProcessResult r = run_process({DDP_TRAIN_PATH, "--epoch", "2"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_EQ(lines_with(r.err, "ddp-train: error: unknown flag --epoch (did you mean --epochs?) "
+                              "(see ddp-train --help)")
+                .size(),
+            1u)
+      << r.err;
+  EXPECT_EQ(r.err.find("failed"), std::string::npos) << r.err;
+}
+
 // An output directory that cannot be written fails at start-up, on every
 // rank, naming the flag, the path and the reason; nothing is trained.
 TEST_F(DdpTrain, UnwritableOutputDirectoryFailsAtStartOnEveryRank) {
@@ -206,6 +326,13 @@ TEST_F(DdpTrain, ProgressBarUnderTheLauncherOnATerminal) {
   auto lines = lines_with(piped.out, "epoch 1/1 step 10/30");
   ASSERT_EQ(lines.size(), 1u) << piped.out;
   EXPECT_EQ(lines[0].find("ETA ?"), std::string::npos) << lines[0];
+  // The line says what its numbers are (the last steps' means, accuracy in
+  // %), so that they are not taken for the epoch's, which its line has.
+  EXPECT_NE(lines[0].find("step 10/30 last 10 steps: loss "), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find(" % | "), std::string::npos) << lines[0];
+  const auto epoch = lines_with(piped.out, "epoch 1/1: train loss ");
+  ASSERT_EQ(epoch.size(), 1u) << piped.out;
+  EXPECT_NE(epoch[0].find(" % | test loss "), std::string::npos) << epoch[0];
   EXPECT_EQ(piped.out.find('\r'), std::string::npos) << piped.out;
 }
 

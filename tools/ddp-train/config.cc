@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "cli/usage_error.h"
 #include "ddp/env.h"
 #include "ddp/error.h"
 
@@ -103,7 +104,13 @@ TrainConfig parse_args(int argc, char** argv) {
   app.add_option("--out-dir", c.out_dir, "Where rank 0 writes metrics.jsonl and the plot");
   app.add_option("--checkpoint-dir", c.checkpoint_dir,
                  "Checkpoints, one per epoch (default: <out-dir>/checkpoints)");
-  app.add_flag("--resume", c.resume, "Continue from the latest checkpoint, if any");
+  auto* resume = app.add_flag("--resume", c.resume,
+                              "Continue the run in --out-dir from its latest checkpoint, if any "
+                              "(with that run's flags: they are checked)");
+  app.add_flag("--overwrite", c.overwrite,
+               "Replace the run in --out-dir (its metrics, plot and checkpoints) instead of "
+               "refusing a directory that holds one")
+      ->excludes(resume);
   add_count(app, "--max-steps", c.max_steps, "Stop after this many optimizer steps");
   add_count(app, "--train-samples", c.train_samples, "Use only the first N training images");
   add_count(app, "--test-samples", c.test_samples, "Use only the first N test images");
@@ -142,21 +149,23 @@ TrainConfig parse_args(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     std::exit(app.exit(e));
   } catch (const CLI::ParseError& e) {
-    throw InvalidArgument(fmt::format("ddp-train: {} (see ddp-train --help)", e.what()));
+    throw UsageError(cli::usage_error("ddp-train", app, e, std::vector<std::string>(argv + 1, argv + argc)));
   }
   if (c.checkpoint_dir.empty()) c.checkpoint_dir = c.out_dir + "/checkpoints";
   return c;
 }
 
 std::string describe(const TrainConfig& c, int world_size) {
+  auto count = [](int64_t n, const char* one, const char* many) {
+    return fmt::format("{} {}", n, n == 1 ? one : many);
+  };
   return fmt::format(
-      "ddp-train: world_size {}, batch {} per process ({} global), {} lr {}{} ({} schedule), "
-      "{} epochs, "
-      "seed {}, backend {}, device {}, {} loader thread(s){}",
+      "ddp-train: world_size {}, batch {} per process ({} global), {} lr {}{} ({} schedule), {}, "
+      "seed {}, backend {}, device {}, {}{}",
       world_size, c.batch_size, c.batch_size * world_size, c.optimizer,
-      c.scale_lr ? c.lr * world_size : c.lr, c.scale_lr ? " (scaled)" : "", c.schedule, c.epochs,
-      c.seed,
-      c.backend, c.device, c.workers, c.sync_bn ? ", SyncBatchNorm" : "");
+      c.scale_lr ? c.lr * world_size : c.lr, c.scale_lr ? " (scaled)" : "", c.schedule,
+      count(c.epochs, "epoch", "epochs"), c.seed, c.backend, c.device,
+      count(c.workers, "loader thread", "loader threads"), c.sync_bn ? ", SyncBatchNorm" : "");
 }
 
 }  // namespace ddp::train

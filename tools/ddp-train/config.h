@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "ddp/error.h"
+
 namespace ddp::train {
 
 struct TrainConfig {
@@ -24,6 +26,9 @@ struct TrainConfig {
   std::string out_dir = "ddp-train-out";  // metrics.jsonl, plot, checkpoints
   std::string checkpoint_dir;  // default: <out_dir>/checkpoints
   bool resume = false;
+  // Replace the run --out-dir holds (its metrics, plot and checkpoints)
+  // instead of refusing it (Note [One run per directory]).
+  bool overwrite = false;
   // -1 ("all", the flags' absence): no limit; else >= 1.
   int64_t max_steps = -1;      // stop after this many optimizer steps
   int64_t train_samples = -1;  // use the first N training images (tests)
@@ -49,9 +54,16 @@ struct TrainConfig {
   int fault_attempt = 0;
 };
 
+// A bad command line: its what() is the whole line to print ("ddp-train:
+// error: unknown flag --epoch (did you mean --epochs?) (see ddp-train
+// --help)"); main() exits 2 with it.
+struct UsageError : InvalidArgument {
+  using InvalidArgument::InvalidArgument;
+};
+
 // Parses argv (also accepts --local_rank=N / --local-rank N from
 // torch.distributed.launch). Prints help and exits 0 for --help; throws
-// ddp::InvalidArgument naming the flag for a bad value.
+// UsageError naming the flag for an unknown flag or a bad value.
 TrainConfig parse_args(int argc, char** argv);
 
 // One line describing the run, for logs.

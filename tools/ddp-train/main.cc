@@ -3,6 +3,9 @@
 //   ddprun --standalone --nproc-per-node 2 ddp-train [--epochs 10] ...
 //
 // See README.md ("The main job") and `ddp-train --help`.
+#include <cstdio>
+#include <string>
+
 #include "config.h"
 #include "ddp/error.h"
 #include "ddp/logging.h"
@@ -10,10 +13,21 @@
 #include "train.h"
 
 int main(int argc, char** argv) {
+  ddp::train::TrainConfig config;
   try {
-    return ddp::train::run(ddp::train::parse_args(argc, argv));
+    config = ddp::train::parse_args(argc, argv);
+  } catch (const ddp::train::UsageError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    ddp::record_error(e);  // the launcher's failure summary (TORCHELASTIC_ERROR_FILE)
+    return 2;
+  }
+  try {
+    return ddp::train::run(config);
   } catch (const std::exception& e) {
-    ddp::log(ddp::LogLevel::kError, std::string("ddp-train failed: ") + e.what());
+    // ddp-train's own messages start with "ddp-train: "; the library's
+    // (a collective's timeout, a checkpoint's error) are said to be its.
+    const std::string what = e.what();
+    ddp::log(ddp::LogLevel::kError, what.rfind("ddp-train: ", 0) == 0 ? what : "ddp-train: " + what);
     ddp::record_error(e);  // the launcher's failure summary (TORCHELASTIC_ERROR_FILE)
     return 1;
   }

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -42,13 +43,15 @@ bool Progress::due(int64_t step) const {
   return step % every == 0 || step == steps_;
 }
 
-void Progress::show(int64_t step, double loss, double accuracy, double samples_per_s) {
+void Progress::show(int64_t step, int64_t window, double loss, double accuracy,
+                    double samples_per_s) {
   auto now = std::chrono::steady_clock::now();
   double elapsed = std::chrono::duration<double>(now - start_).count();
   double per_step = step > start_step_ ? elapsed / double(step - start_step_) : 0.0;
   std::string eta = per_step > 0 ? clock_text(per_step * double(steps_ - step)) : "?";
-  std::string numbers = fmt::format("loss {:.4f} acc {:.4f} {:.0f} samples/s ETA {}", loss,
-                                    accuracy, samples_per_s, eta);
+  std::string numbers =
+      fmt::format("last {} step{}: loss {:.4f} acc {:.2f} % | {:.0f} samples/s | ETA {}", window,
+                  window == 1 ? "" : "s", loss, accuracy * 100, samples_per_s, eta);
   if (terminal_) {
     const int width = 30;
     int filled = steps_ > 0 ? static_cast<int>(width * step / steps_) : width;
@@ -119,6 +122,7 @@ void append_metrics(const std::string& path, const EpochRecord& r) {
 bool plot_metrics(const std::string& jsonl, const std::string& png) {
   std::ifstream in(jsonl);
   std::string dat = png + ".dat";
+  int last_epoch = 1;
   {
     std::ofstream out(dat);
     out << "# epoch train_loss test_loss train_accuracy test_accuracy\n";
@@ -126,7 +130,9 @@ bool plot_metrics(const std::string& jsonl, const std::string& png) {
       auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded()) continue;
       out << j["epoch"] << " " << j["train_loss"] << " " << j["test_loss"] << " "
-          << j["train_accuracy"] << " " << j["test_accuracy"] << "\n";
+          << 100 * j.value("train_accuracy", 0.0) << " " << 100 * j.value("test_accuracy", 0.0)
+          << "\n";
+      last_epoch = std::max(last_epoch, j.value("epoch", 0));
     }
   }
   std::string script = png + ".gp";
@@ -135,9 +141,12 @@ bool plot_metrics(const std::string& jsonl, const std::string& png) {
     gp << "set terminal pngcairo size 1000,420 noenhanced\n"
        << "set output '" << png << "'\n"
        << "set multiplot layout 1,2 title 'ddp-train: Fashion-MNIST'\n"
-       << "set xlabel 'epoch'\nset grid\nset key top right\n"
+       // Whole epochs on the axis, with room around the first and last
+       // (a one-epoch run's point sits inside the frame).
+       << "set xlabel 'epoch'\nset xtics 1\nset xrange [0.5:" << last_epoch << ".5]\n"
+       << "set offsets 0, 0, graph 0.05, graph 0.05\nset grid\nset key top right\n"
        << "set title 'loss'\nplot '" << dat << "' u 1:2 w lp t 'train', '' u 1:3 w lp t 'test'\n"
-       << "set key bottom right\nset title 'accuracy'\n"
+       << "set key bottom right\nset title 'accuracy (%)'\nset format y '%g %%'\n"
        << "plot '" << dat << "' u 1:4 w lp t 'train', '' u 1:5 w lp t 'test'\n"
        << "unset multiplot\n";
   }

@@ -36,8 +36,11 @@ class Progress {
   Progress(bool terminal, int log_every, int epoch, int epochs, int64_t steps_in_epoch,
            int64_t first_step = 0);
   bool due(int64_t step_in_epoch) const;
-  // Rank 0 only: draw the bar or print the line.
-  void show(int64_t step_in_epoch, double loss, double accuracy, double samples_per_s);
+  // Rank 0 only: draw the bar or print the line. `loss` and `accuracy` (a
+  // fraction, shown in %) are the means of the last `window` steps, and
+  // say so ("last 10 steps: loss ..."): the epoch's line has the epoch's.
+  void show(int64_t step_in_epoch, int64_t window, double loss, double accuracy,
+            double samples_per_s);
   // Ends the bar's line (terminal only).
   void finish();
 

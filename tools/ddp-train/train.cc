@@ -22,8 +22,10 @@
 #include "ddp/ddp.h"
 #include "ddp/datasets/batch_loader.h"
 #include "ddp/datasets/fashion_mnist.h"
+#include "interrupt.h"
 #include "model.h"
 #include "report.h"
+#include "run_dir.h"
 
 namespace ddp::train {
 namespace {
@@ -157,12 +159,24 @@ void set_up(Run& r) {
 
 void maybe_resume(Run& r) {
   if (!r.config.resume) return;
+  const std::string jsonl = r.config.out_dir + "/metrics.jsonl";
   auto ckpt = load_latest_checkpoint(r.config.checkpoint_dir, r.device);
   if (!ckpt) {
     print0("ddp-train: --resume: no checkpoint in " + r.config.checkpoint_dir + ", starting afresh");
+    if (r.rank == 0) cut_metrics(jsonl, 0, 0);
     return;
   }
+  // Note [One run per directory]: the same run, or an error naming the flags.
+  const std::string note = check_resume(*ckpt, r.config, r.world);
+  if (!note.empty()) print0(note);
   restore_checkpoint(*ckpt, *r.net, r.optimizer.get());
+  if (r.rank == 0) {
+    if (const int dropped = cut_metrics(jsonl, ckpt->step, ckpt->epoch)) {
+      print0(fmt::format("ddp-train: --resume: dropped {} line{} of {} written after the "
+                         "checkpoint's step {}",
+                         dropped, dropped == 1 ? "" : "s", jsonl, ckpt->step));
+    }
+  }
   r.start_epoch = static_cast<int>(ckpt->epoch);
   r.step = ckpt->step;
   r.skip_batches = metadata_count(*ckpt, "epoch_batches");
@@ -249,6 +263,7 @@ void inject_fault(Run& r, at::Tensor& out) {
 // which is less than all of them when --max-steps stopped it early.
 struct EpochProgress {
   int64_t done = 0, batches = 0;
+  int signal = 0;  // Note [Interrupted training]: agreed on inside the epoch
   bool complete() const { return done == batches; }
 };
 
@@ -290,7 +305,9 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
   datasets::BatchLoader loader(
       [&](c10::ArrayRef<int64_t> idx) { return r.train_set->get_batch(idx); }, indices, lo);
   Progress progress(r.terminal, c.log_every, epoch + 1, c.epochs, batches, done);
-  Metrics epoch_m, window;
+  Metrics epoch_m, window;  // the epoch's means, and the progress line's
+  int64_t window_steps = 0;
+  int signal = 0;
   auto start = Clock::now(), window_start = start;
   r.model->train();
   while (auto b = loader.next()) {
@@ -313,14 +330,20 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
       m->add_count("samples", n);
     }
     const bool stop = c.max_steps > 0 && r.step >= c.max_steps && done < batches;
+    ++window_steps;
     if (progress.due(done) || stop) {
       ReducedMetrics w = window.reduce();
       double acc = double(w.count("correct")) / double(std::max<int64_t>(w.count("samples"), 1));
-      if (r.rank == 0) progress.show(done, w.value("loss"), acc, w.count("samples") / seconds_since(window_start));
+      if (r.rank == 0) {
+        progress.show(done, window_steps, w.value("loss"), acc,
+                      w.count("samples") / seconds_since(window_start));
+      }
       window.reset();
+      window_steps = 0;
       window_start = Clock::now();
     }
     if (stop) break;
+    if (done % kAgreeEvery == 0 && done < batches && (signal = agreed_interrupt()) != 0) break;
   }
   if (r.rank == 0) progress.finish();
   rec.epoch_time_s = seconds_since(start);
@@ -328,7 +351,7 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
   rec.train_loss = e.value("loss");
   rec.train_accuracy = double(e.count("correct")) / double(std::max<int64_t>(e.count("samples"), 1));
   rec.samples_per_s = double(e.count("samples")) / std::max(rec.epoch_time_s, 1e-9);
-  return {done, batches};
+  return {done, batches, signal};
 }
 
 // The point of data parallelism: every replica ends identical. Checked with
@@ -375,6 +398,39 @@ int threads_from_env() {
   return static_cast<int>(*n);
 }
 
+// The checkpoint after an epoch, or where training stopped inside one
+// (--max-steps, an interrupt): then epoch_batches says how far it got, so
+// --resume continues at the next batch. Returns its path.
+std::string save_epoch(Run& r, int epoch, const EpochProgress& p) {
+  CheckpointOptions co;
+  co.keep_last = 3;
+  co.metadata["epoch_batches"] = std::to_string(p.complete() ? 0 : p.done);
+  co.metadata["config"] = config_record(r.config, r.world);
+  return save_checkpoint(r.config.checkpoint_dir, *r.net, r.optimizer.get(),
+                         p.complete() ? epoch + 1 : epoch, r.step, co);
+}
+
+void draw_plot(const Run& r, const std::string& jsonl) {
+  if (r.rank == 0 && !r.config.no_plot && std::filesystem::exists(jsonl)) {
+    plot_metrics(jsonl, r.config.out_dir + "/metrics.png");
+  }
+}
+
+// Note [Interrupted training]: `saved` is the checkpoint to continue from
+// ("" when none was written yet). Returns the exit code.
+int stop_interrupted(Run& r, int signal, int epoch, const EpochProgress& p,
+                     const std::string& saved, const std::string& jsonl) {
+  print0(fmt::format(
+      "ddp-train: interrupted by {} at step {} (epoch {}/{}, batch {} of {}); {}. Continue "
+      "with the same flags and --resume",
+      interrupt_name(signal), r.step, epoch + 1, r.config.epochs, p.done, p.batches,
+      saved.empty() ? "no checkpoint was written yet" : "latest checkpoint " + saved));
+  draw_plot(r, jsonl);
+  barrier();
+  destroy_process_group();
+  return 128 + signal;
+}
+
 }  // namespace
 
 int run(const TrainConfig& config) {
@@ -383,9 +439,12 @@ int run(const TrainConfig& config) {
   torch::set_num_threads(config.threads > 0 ? config.threads : threads_from_env());
   set_up(r);
   print0(describe(config, r.world));
+  claim_run_dir(config, r.rank);  // Note [One run per directory]
   maybe_resume(r);
   if (r.rank == 0) std::filesystem::create_directories(config.out_dir);
   const std::string jsonl = config.out_dir + "/metrics.jsonl";
+  install_interrupt_handlers();
+  std::string saved;
   for (int epoch = r.start_epoch; epoch < config.epochs; ++epoch) {
     if (config.max_steps > 0 && r.step >= config.max_steps) break;
     EpochRecord rec;
@@ -393,30 +452,38 @@ int run(const TrainConfig& config) {
     rec.world_size = r.world;
     rec.global_batch = config.batch_size * r.world;
     EpochProgress p = train_epoch(r, epoch, rec);
+    if (p.signal != 0) {
+      return stop_interrupted(r, p.signal, epoch, p, save_epoch(r, epoch, p), jsonl);
+    }
     evaluate(r, rec);
     rec.steps = r.step;
     rec.wall_time_s = seconds_since(r.started);
     print0(fmt::format(
-        "epoch {}/{}: train loss {:.4f} acc {:.4f} | test loss {:.4f} acc {:.4f} ({} images) | "
-        "{:.0f} samples/s, {:.1f} s",
-        rec.epoch, config.epochs, rec.train_loss, rec.train_accuracy, rec.test_loss,
-        rec.test_accuracy, rec.test_images, rec.samples_per_s, rec.epoch_time_s));
+        "epoch {}/{}: train loss {:.4f} acc {:.2f} % | test loss {:.4f} acc {:.2f} % ({} images) "
+        "| {:.0f} samples/s, {:.1f} s",
+        rec.epoch, config.epochs, rec.train_loss, rec.train_accuracy * 100, rec.test_loss,
+        rec.test_accuracy * 100, rec.test_images, rec.samples_per_s, rec.epoch_time_s));
+    // The epoch's line and its checkpoint as one (Note [One run per
+    // directory]): the line is taken back when the checkpoint fails.
+    const int64_t mark = r.rank == 0 ? metrics_mark(jsonl) : 0;
     if (r.rank == 0) append_metrics(jsonl, rec);
-    // A checkpoint after every epoch, and where --max-steps stopped inside
-    // one: then epoch_batches says how far it got, so --resume continues at
-    // the next batch.
-    CheckpointOptions co;
-    co.keep_last = 3;
-    co.metadata["epoch_batches"] = std::to_string(p.complete() ? 0 : p.done);
-    save_checkpoint(config.checkpoint_dir, *r.net, r.optimizer.get(),
-                    p.complete() ? epoch + 1 : epoch, r.step, co);
+    try {
+      saved = save_epoch(r, epoch, p);
+    } catch (...) {
+      if (r.rank == 0) metrics_rollback(jsonl, mark);
+      throw;
+    }
     if (!p.complete()) break;
+    // A signal during the evaluation or the save: stop before the next epoch.
+    if (epoch + 1 < config.epochs) {
+      if (const int signal = agreed_interrupt()) {
+        return stop_interrupted(r, signal, epoch + 1, EpochProgress{0, p.batches}, saved, jsonl);
+      }
+    }
   }
   print0(to_string(r.model->stats()));
   check_replicas(r);
-  if (r.rank == 0 && !config.no_plot && std::filesystem::exists(jsonl)) {
-    plot_metrics(jsonl, config.out_dir + "/metrics.png");
-  }
+  draw_plot(r, jsonl);
   barrier();
   destroy_process_group();
   return 0;
