@@ -17,6 +17,12 @@
 include(${CMAKE_CURRENT_LIST_DIR}/ddp_cuda.cmake)
 ddp_cuda_before_torch()  # a CUDA libtorch's package needs the toolkit and nvrtc found
 find_package(Torch REQUIRED)
+if(DEFINED kineto_LIBRARY AND NOT kineto_LIBRARY)
+  # TorchConfig.cmake's "static library kineto_LIBRARY-NOTFOUND not found"
+  # just above: docs/compat.md, "configure warnings".
+  message(STATUS "libtorch: the kineto warning above is harmless: PyTorch's profiler "
+                 "library is not shipped in its wheels, and ddp does not use it")
+endif()
 
 # --- one libtorch, not two ---------------------------------------------------
 # TorchConfig.cmake looks for libc10 (and libtorch, for its message) with

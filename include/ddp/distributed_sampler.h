@@ -1,6 +1,8 @@
 // DistributedSampler: each rank's share of a dataset's indices, the same
-// indices as torch.utils.data.DistributedSampler (PyTorch 1.13) for the same
-// (dataset size, num_replicas, rank, shuffle, seed, epoch, drop_last).
+// indices as torch.utils.data.DistributedSampler (PyTorch 1.13, 2.13 and
+// 2.14 alike: tests/distributed_sampler_test.cc compares with the Python of
+// each build) for the same (dataset size, num_replicas, rank, shuffle,
+// seed, epoch, drop_last).
 //
 // What PyTorch does, and so what this does, per epoch:
 //   1. order = shuffle ? randperm(N) from a CPU generator seeded with
