@@ -6,12 +6,13 @@
 // of the last collective this rank started and finished, and the training
 // step (DistributedDataParallel's iteration). A background thread writes
 // that record to the group's store ("progress/<rank>") soon after it changes
-// (woken by the change; at most one write per kMinPublishSpacing, so that a
-// stream of small collectives costs the store little) and at least every
+// (woken by the change; at most one write per kMinPublishSpacing, 100 ms,
+// so that a stream of small collectives costs rank 0's store at most ten
+// writes a second per rank) and at least every
 // few seconds, through its own store connection with a short timeout, so a
 // stuck store can delay it but never block the ranks. Woken rather than
 // polled, the record a stopped or dead rank leaves is its last state but
-// for the last few milliseconds, not a picture from seconds before. When a
+// for the last 100 ms, not a picture from seconds before. When a
 // collective waits longer than the warning threshold, or times out, the
 // waiting rank reads every rank's record and names the ranks that have not
 // reached the collective and what each was last doing; a record that has
@@ -41,7 +42,7 @@
 namespace ddp::detail {
 
 // Note [Progress publication]: the shortest gap between two writes.
-inline constexpr std::chrono::milliseconds kMinPublishSpacing{20};
+inline constexpr std::chrono::milliseconds kMinPublishSpacing{100};
 
 struct MonitorOptions {
   std::chrono::milliseconds warn_after{60'000};

@@ -130,10 +130,10 @@ std::string out_of_step_message(const std::string& gloo_text) {
     } catch (...) {
       record_error_message("terminate called after an exception of unknown type");
     }
+    // The event is noted (record_error: kept only when a collective did not
+    // complete, Note [Kept flight records]); the SIGABRT below adds none.
+    flight::abort_follows();
   }
-  // The event is noted (record_error: kept only when a collective did not
-  // complete, Note [Kept flight records]); the SIGABRT below adds none.
-  flight::abort_follows();
   if (previous_handler != nullptr) previous_handler();
   std::abort();
 }

@@ -85,8 +85,9 @@ double reduce_sum(double value, const CollectiveOptions& options) {
 
 double reduce_mean(double value, const CollectiveOptions& options) {
   const detail::CallScope call("reduce_mean", kMetricsAdvice);
-  int world = group_size(options);
-  return reduce_sum(value, options) / world;
+  std::vector<double> v{value};
+  all_reduce_doubles(v, options);
+  return v[0] / group_size(options);
 }
 
 double reduce_weighted_mean(double value_sum, double weight,

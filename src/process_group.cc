@@ -162,9 +162,10 @@ ProcessGroup::~ProcessGroup() {
   if (impl_ && impl_->abandoned_work.load() && impl_->backend) {
     (void)impl_->backend.release();
   } else if (impl_ && impl_->backend && impl_->backend_name == "nccl") {
-    // Every collective this group's users waited for has completed; NCCL's
-    // graceful teardown would wait for peers that may be gone, its abort
-    // does not.
+    // NCCL's graceful teardown would wait for peers that may be gone, its
+    // abort does not; first, what the users waited for on the stream only
+    // completes (bounded by the timeout, as every wait).
+    compat::drain_device(impl_->device, impl_->timeout);
     compat::abort_backend(*impl_->backend);
   }
 }

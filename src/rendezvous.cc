@@ -101,13 +101,15 @@ struct ConnectReport {
   }
   void maybe_report(const std::string& host, int port, int rank,
                     std::chrono::milliseconds timeout) {
+    // c10d's client gives up about a second before each slice ends: a
+    // report due within 1.5 s is made now, not a slice later.
     const auto now = Clock::now();
-    if (every.count() <= 0 || now < next) return;
+    if (every.count() <= 0 || now + std::chrono::milliseconds(1500) < next) return;
     next += every;
     log(LogLevel::kWarning,
         fmt::format("rendezvous: rank {} is waiting for rank 0's store at {}:{} for {:.0f} s "
-                    "(nothing accepts connections there yet); it gives up after {} s (the "
-                    "timeout). Is rank 0 running, and are MASTER_ADDR/MASTER_PORT right?",
+                    "(no store answers there yet); it gives up after {} s (the timeout). Is "
+                    "rank 0 running, and are MASTER_ADDR/MASTER_PORT right?",
                     rank, host, port, std::chrono::duration<double>(now - start).count(),
                     seconds(timeout)));
   }

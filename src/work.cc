@@ -250,11 +250,15 @@ void WorkImpl::finish_with_error() {
     rethrow_as_comm_error(what);
   } catch (const TimeoutError& e) {
     group->impl().abandon();
-    // Note [Call labels]: which library call it was, and its advice.
+    // Note [Call labels]: which library call it was, and its advice (once:
+    // ddp's own deadline, wait_with_stall_reports, has said both already).
+    const std::string what = e.what();
     std::string call;
-    if (!in_call.empty()) call = fmt::format(". It was started{}", in_call);
-    if (advice) call += fmt::format(". {}", advice);
-    TimeoutError full(with_stall_report(e.what()) + call);
+    if (!in_call.empty() && what.find(in_call) == std::string::npos) {
+      call = fmt::format(". It was started{}", in_call);
+    }
+    if (advice && what.find(advice) == std::string::npos) call += fmt::format(". {}", advice);
+    TimeoutError full(with_stall_report(what) + call);
     record_end(flight::State::kTimedOut, full.what());
     error = std::make_exception_ptr(full);
   } catch (const CommError& e) {

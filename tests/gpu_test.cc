@@ -316,6 +316,9 @@ TEST(Gpu, ModuleAndInputOnTheWrongDeviceAreNamed) {
     o.device_ids = {kCuda0};
     DistributedDataParallel<Mlp> moved(mlp_on(kCuda0, init), o);
     EXPECT_EQ(moved(torch::randn({4, 8})).device(), kCuda0);  // as PyTorch: moved
+    at::Tensor x = torch::randn({4, 8});  // an lvalue, as a training loop has it
+    EXPECT_EQ(moved(x).device(), kCuda0);
+    EXPECT_EQ(x.device(), c10::Device(c10::kCPU));  // the caller's tensor stays
   }
   ProcessGroupPtr g = group_of_one("nccl");
   DefaultGroupGuard guard(g);
@@ -649,12 +652,11 @@ TEST(Gpu, NcclStalledRankIsNamedWithinTheTimeout) {
     at::Tensor t = torch::ones({1 << 10}, torch::device(c10::Device(c10::kCUDA, r)));
     all_reduce(t);  // both: the communicator is up
     if (r == 0) {
-      try {
-        all_reduce(t);
-      } catch (...) {
-        rank0_done = true;
-        throw;
-      }
+      struct Done {  // however rank 0 leaves: rank 1 must not wait forever
+        std::atomic<bool>& flag;
+        ~Done() { flag = true; }
+      } done{rank0_done};
+      all_reduce(t);
     } else {
       while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }

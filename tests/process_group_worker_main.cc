@@ -95,7 +95,7 @@ int run(int argc, char** argv) {
   std::fflush(stdout);
   if (action == "segv" && rank == 1) ::raise(SIGSEGV);
   if (action == "stop" && rank == 1) {  // stopped shortly after a collective
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
     ::raise(SIGSTOP);
   }
   ddp::barrier();  // rank 0 hosts the store: nobody leaves before the others

@@ -212,20 +212,32 @@ std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module, bool 
 torch::OrderedDict<std::string, at::Tensor> unique_named_parameters(
     const torch::nn::Module& module, bool recurse);
 
-// forward's argument `index`: a tensor through input_to_device() (a
-// non-const lvalue reference, which the module may write, is only checked),
-// anything else unchanged.
+// forward's arguments on their way to the module: a tensor is held by
+// value, through input_to_device() (moved to the module's device with
+// device_ids, else checked); anything else by reference, unchanged.
 template <typename Arg>
-decltype(auto) prepare_input(const DdpCore& core, size_t index, Arg&& arg) {
-  using T = std::remove_reference_t<Arg>;
-  if constexpr (std::is_same_v<std::decay_t<Arg>, at::Tensor> &&
-                !(std::is_lvalue_reference_v<Arg> && !std::is_const_v<T>)) {
+using PreparedInput =
+    std::conditional_t<std::is_same_v<std::decay_t<Arg>, at::Tensor>, at::Tensor, Arg&&>;
+
+template <typename Arg>
+PreparedInput<Arg> prepare_input(const DdpCore& core, size_t index, Arg&& arg) {
+  if constexpr (std::is_same_v<std::decay_t<Arg>, at::Tensor>) {
     return input_to_device(core, arg, index);
   } else {
-    if constexpr (std::is_same_v<std::decay_t<Arg>, at::Tensor>) {
-      (void)input_to_device(core, arg, index);
-    }
     return std::forward<Arg>(arg);
+  }
+}
+
+// A held argument as the caller passed it: an lvalue stays an lvalue (a
+// forward taking at::Tensor& binds to the held tensor), an rvalue an rvalue.
+template <typename Arg, typename Held>
+decltype(auto) pass_input(Held& held) {
+  if constexpr (std::is_same_v<std::decay_t<Arg>, at::Tensor> && std::is_lvalue_reference_v<Arg>) {
+    return static_cast<at::Tensor&>(held);
+  } else if constexpr (std::is_same_v<std::decay_t<Arg>, at::Tensor>) {
+    return static_cast<at::Tensor&&>(held);
+  } else {
+    return static_cast<Arg&&>(held);
   }
 }
 
@@ -335,15 +347,7 @@ class DistributedDataParallel {
   // throws InvalidArgument naming the argument (1-based) and both devices.
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
-    detail::pre_forward(*core_);
-    auto out = call_forward(std::index_sequence_for<Args...>{}, std::forward<Args>(args)...);
-    std::vector<at::Tensor> tensors;
-    bool known = true;
-    if (detail::wants_outputs(*core_)) {
-      known = detail::try_collect_tensors(out, tensors);
-    }
-    detail::post_forward(*core_, tensors, known);
-    return out;
+    return forward_held(std::index_sequence_for<Args...>{}, std::forward<Args>(args)...);
   }
   template <typename... Args>
   decltype(auto) operator()(Args&&... args) {
@@ -412,9 +416,22 @@ class DistributedDataParallel {
   detail::DdpCore& core() { return *core_; }
 
  private:
+  // The inputs are prepared first: one on the wrong device throws before
+  // any bookkeeping or collective of this forward.
   template <size_t... I, typename... Args>
-  decltype(auto) call_forward(std::index_sequence<I...>, Args&&... args) {
-    return module_->forward(detail::prepare_input(*core_, I, std::forward<Args>(args))...);
+  decltype(auto) forward_held(std::index_sequence<I...>, Args&&... args) {
+    std::tuple<detail::PreparedInput<Args>...> held(
+        detail::prepare_input(*core_, I, std::forward<Args>(args))...);
+    (void)held;  // (a forward without arguments)
+    detail::pre_forward(*core_);
+    auto out = module_->forward(detail::pass_input<Args>(std::get<I>(held))...);
+    std::vector<at::Tensor> tensors;
+    bool known = true;
+    if (detail::wants_outputs(*core_)) {
+      known = detail::try_collect_tensors(out, tensors);
+    }
+    detail::post_forward(*core_, tensors, known);
+    return out;
   }
 
   ModuleType module_;

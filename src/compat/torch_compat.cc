@@ -1,5 +1,7 @@
 #include "compat/torch_compat.h"
 
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #ifdef DDP_WITH_NCCL
@@ -67,6 +69,27 @@ void abort_backend(Backend& backend) noexcept {
   }
 #else
   (void)backend;
+#endif
+}
+
+bool drain_device(const c10::Device& device, std::chrono::milliseconds limit) noexcept {
+#if TORCH_VERSION_MAJOR >= 2
+  try {
+    const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
+    c10::Event done(device.type());
+    done.record(impl->getStream(device));
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!done.query()) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+  } catch (...) {
+    return false;
+  }
+#else
+  (void)device, (void)limit;
+  return true;
 #endif
 }
 

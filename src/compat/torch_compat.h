@@ -71,6 +71,13 @@ std::chrono::milliseconds nccl_watchdog_timeout(std::chrono::milliseconds timeou
 // this libtorch's backend has no abort (1.13).
 void abort_backend(Backend& backend) noexcept;
 
+// Waits, at most `limit`, for the work queued so far on `device`'s current
+// stream (an event recorded there completes), so that an abort does not cut
+// off a collective its users waited for on the stream only (Note [Device
+// waits]). Returns whether it completed. Never throws; true at once where
+// this libtorch cannot (1.13).
+bool drain_device(const c10::Device& device, std::chrono::milliseconds limit) noexcept;
+
 // A c10d::TCPStore (client or server, as `options` say) on host:options.port,
 // or null when its constructor has not returned within `limit`. c10d 2.x's
 // client constructor pings the server with an unbounded read, so a port

@@ -68,14 +68,18 @@ bool write_all(int fd, const char* p, size_t n) noexcept {
 }
 
 // "<records_home()>/<UTC yyyymmdd-HHMMSS>_pid<P>": one directory per
-// process, so that two runs never replace each other's rings.
+// process (its first group's time; every group of it writes there), so
+// that two runs never replace each other's rings.
 std::string default_dump_dir() {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&now, &tm);
-  char when[32];
-  std::strftime(when, sizeof(when), "%Y%m%d-%H%M%S", &tm);
-  return fmt::format("{}/{}_pid{}", records_home(), when, ::getpid());
+  static const std::string dir = [] {
+    std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    ::gmtime_r(&now, &tm);
+    char when[32];
+    std::strftime(when, sizeof(when), "%Y%m%d-%H%M%S", &tm);
+    return fmt::format("{}/{}_pid{}", records_home(), when, ::getpid());
+  }();
+  return dir;
 }
 
 void make_directories(const std::string& dir) {

@@ -277,7 +277,9 @@ std::string who_is_behind(const Group& g, const AttemptFacts& facts) {
   // ranks a few milliseconds apart: with nothing noted and nothing known,
   // the verdict says so.
   const int64_t gap_ms = (end_us - e->start_us) / 1000;
-  const bool unknown = facts.interrupt_signal == 0 && facts.endings.empty();
+  bool known_ending = false;  // the launcher saw one of these ranks end
+  for (const auto& [r, t] : g.ranks) known_ending = known_ending || ending_of(facts, *t) != nullptr;
+  const bool unknown = facts.interrupt_signal == 0 && !known_ending;
   const std::string hedge =
       unknown && !events && gap_ms < 1000
           ? fmt::format(". Only {} ms before the records end and no failure noted: if the job "

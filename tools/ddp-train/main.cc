@@ -20,6 +20,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", e.what());
     ddp::record_error(e);  // the launcher's failure summary (TORCHELASTIC_ERROR_FILE)
     return 2;
+  } catch (const std::exception& e) {  // --local_rank's own check (ddp/env.h)
+    std::fprintf(stderr, "ddp-train: error: %s (see ddp-train --help)\n", e.what());
+    ddp::record_error(e);
+    return 2;
   }
   try {
     return ddp::train::run(config);

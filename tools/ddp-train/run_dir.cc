@@ -189,8 +189,12 @@ int64_t metrics_mark(const std::string& jsonl) {
 }
 
 void metrics_rollback(const std::string& jsonl, int64_t mark) {
-  if (::truncate(jsonl.c_str(), static_cast<off_t>(mark)) != 0 && mark == 0) {
+  // Nothing before this epoch's line: the file goes, so that the directory
+  // does not look like it holds a run.
+  if (mark == 0) {
     ::unlink(jsonl.c_str());
+  } else {
+    (void)::truncate(jsonl.c_str(), static_cast<off_t>(mark));
   }
 }
 
