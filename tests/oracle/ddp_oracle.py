@@ -211,8 +211,12 @@ def main():
     fd, init_file = tempfile.mkstemp(prefix="ddp-oracle-")
     os.close(fd)
     os.unlink(init_file)
-    mp.spawn(worker, args=(spec["world"], init_file, spec["scenarios"], sys.argv[2]),
-             nprocs=spec["world"], join=True)
+    try:
+        mp.spawn(worker, args=(spec["world"], init_file, spec["scenarios"], sys.argv[2]),
+                 nprocs=spec["world"], join=True)
+    finally:  # the file store's file outlives its group: nothing left in /tmp
+        if os.path.exists(init_file):
+            os.unlink(init_file)
 
 
 if __name__ == "__main__":
