@@ -13,9 +13,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "compat/torch_compat.h"
@@ -89,30 +91,52 @@ bool accepts_connections(const std::string& host, int port) {
 }
 
 // A client that has not reached the store's host yet says so every
-// report_every (0: never), as a rank waiting at the arrivals does.
-struct ConnectReport {
-  std::chrono::milliseconds every{0};
-  Clock::time_point start = Clock::now(), next = start + every;
+// `every` (0: never), as a rank waiting at the arrivals does. It reports from
+// its own thread: c10d's client retries on its own schedule (for a 1 s
+// timeout, two tries and a back-off: about 2.7 s), so a report made between
+// attempts would come late, or not at all before the deadline.
+class ConnectReporter {
+ public:
+  ConnectReporter(std::chrono::milliseconds every, std::string host, int port, int rank,
+                  std::chrono::milliseconds timeout)
+      : every_(every), host_(std::move(host)), port_(port), rank_(rank), timeout_(timeout) {
+    if (every_.count() > 0) thread_ = std::thread([this] { run(); });
+  }
+  ConnectReporter(const ConnectReporter&) = delete;
+  ConnectReporter& operator=(const ConnectReporter&) = delete;
+  ~ConnectReporter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
 
-  // c10d's client retries for its timeout: a slice of the time left, so
-  // that the loop comes back to report.
-  std::chrono::milliseconds slice(std::chrono::milliseconds left) const {
-    return every.count() > 0 ? std::min(left, std::max(every, kMinConnect)) : left;
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (auto next = start_ + every_; !cv_.wait_until(lock, next, [this] { return done_; });
+         next += every_) {
+      log(LogLevel::kWarning,
+          fmt::format("rendezvous: rank {} is waiting for rank 0's store at {}:{} for {:.0f} s "
+                      "(no store answers there yet); it gives up after {} s (the timeout). Is "
+                      "rank 0 running, and are MASTER_ADDR/MASTER_PORT right?",
+                      rank_, host_, port_,
+                      std::chrono::duration<double>(Clock::now() - start_).count(),
+                      seconds(timeout_)));
+    }
   }
-  void maybe_report(const std::string& host, int port, int rank,
-                    std::chrono::milliseconds timeout) {
-    // c10d's client gives up about a second before each slice ends: a
-    // report due within 1.5 s is made now, not a slice later.
-    const auto now = Clock::now();
-    if (every.count() <= 0 || now + std::chrono::milliseconds(1500) < next) return;
-    next += every;
-    log(LogLevel::kWarning,
-        fmt::format("rendezvous: rank {} is waiting for rank 0's store at {}:{} for {:.0f} s "
-                    "(no store answers there yet); it gives up after {} s (the timeout). Is "
-                    "rank 0 running, and are MASTER_ADDR/MASTER_PORT right?",
-                    rank, host, port, std::chrono::duration<double>(now - start).count(),
-                    seconds(timeout)));
-  }
+
+  const std::chrono::milliseconds every_;
+  const std::string host_;
+  const int port_, rank_;
+  const std::chrono::milliseconds timeout_;
+  const Clock::time_point start_ = Clock::now();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
 };
 
 c10::intrusive_ptr<c10d::Store> tcp_store(const std::string& host, int port,
@@ -123,8 +147,9 @@ c10::intrusive_ptr<c10d::Store> tcp_store(const std::string& host, int port,
   o.port = static_cast<uint16_t>(port);
   o.isServer = is_server;
   o.waitWorkers = false;  // we check arrivals ourselves, with better errors
-  ConnectReport report{report_every};
-  o.timeout = is_server ? timeout : report.slice(timeout);
+  o.timeout = timeout;
+  std::optional<ConnectReporter> report;
+  if (!is_server) report.emplace(report_every, host, port, rank, timeout);
   const auto deadline = Clock::now() + timeout;
   while (true) {
     try {
@@ -168,8 +193,7 @@ c10::intrusive_ptr<c10d::Store> tcp_store(const std::string& host, int port,
             rank, host, port, seconds(timeout), inner_message(e)));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
-      report.maybe_report(host, port, rank, timeout);
-      o.timeout = report.slice(left - std::chrono::milliseconds(250));
+      o.timeout = left - std::chrono::milliseconds(250);
     }
   }
 }
