@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets (fuzz/) with Debian's clang and runs them one
 # after the other, each for a fixed time, with ASan+UBSan.
 #
-#   bash scripts/fuzz.sh                    # idx then checkpoint, 600 s each
+#   bash scripts/fuzz.sh                    # idx, checkpoint, torch_load: 600 s each
 #   bash scripts/fuzz.sh --time 60 idx      # one target, one minute
 #   bash scripts/fuzz.sh --seeds            # rewrite fuzz/corpus/* and stop
 #   bash scripts/fuzz.sh --coverage         # line coverage of the parsers
@@ -33,11 +33,11 @@ while (($#)); do
     --timeout) timeout=$2; shift 2 ;;
     --seeds) seeds_only=1; shift ;;
     --coverage) coverage=1; shift ;;
-    idx | checkpoint) targets+=("$1"); shift ;;
-    *) echo "fuzz.sh: unknown argument '$1' (expected --time S, --timeout S, --seeds, idx, checkpoint)" >&2; exit 2 ;;
+    idx | checkpoint | torch_load) targets+=("$1"); shift ;;
+    *) echo "fuzz.sh: unknown argument '$1' (expected --time S, --timeout S, --seeds, idx, checkpoint, torch_load)" >&2; exit 2 ;;
   esac
 done
-((${#targets[@]})) || targets=(idx checkpoint)
+((${#targets[@]})) || targets=(idx checkpoint torch_load)
 build=${DDP_FUZZ_BUILD_DIR:-build-fuzz}
 out=${DDP_FUZZ_OUT:-out/fuzz}
 
@@ -61,7 +61,7 @@ if [[ ! -f $build/build.ninja ]]; then
     -DCMAKE_CXX_COMPILER=clang++ -DDDP_BUILD_FUZZERS=ON -DDDP_USE_PCH=OFF \
     -DDDP_BUILD_TESTS=OFF -DDDP_BUILD_TOOLS=OFF -DDDP_BUILD_BENCH=OFF
 fi
-cmake --build "$build" -j "${DDP_JOBS:-2}" --target idx_fuzzer checkpoint_fuzzer fuzz_seeds
+cmake --build "$build" -j "${DDP_JOBS:-2}" --target idx_fuzzer checkpoint_fuzzer torch_load_fuzzer fuzz_seeds
 
 if ((seeds_only)); then
   rm -f fuzz/corpus/idx/* fuzz/corpus/checkpoint/*
@@ -80,11 +80,12 @@ if ((coverage)); then
       -DDDP_BUILD_TESTS=OFF -DDDP_BUILD_TOOLS=OFF -DDDP_BUILD_BENCH=OFF \
       -DCMAKE_CXX_FLAGS="-fprofile-instr-generate -fcoverage-mapping"
   fi
-  cmake --build "$cov" -j "${DDP_JOBS:-2}" --target idx_fuzzer checkpoint_fuzzer
+  cmake --build "$cov" -j "${DDP_JOBS:-2}" --target idx_fuzzer checkpoint_fuzzer torch_load_fuzzer
   for t in "${targets[@]}"; do
     case $t in
       idx) sources=(src/datasets/idx.cc src/datasets/byte_reader.cc) ;;
       checkpoint) sources=(src/checkpoint/checkpoint_format.cc) ;;
+      torch_load) sources=(src/checkpoint/torch_load.cc src/checkpoint/unpickler.cc) ;;
     esac
     mkdir -p "$out/$t/corpus"
     LLVM_PROFILE_FILE="$out/$t/coverage.profraw" "$cov/fuzz/${t}_fuzzer" -runs=0 \
@@ -98,6 +99,7 @@ fi
 
 # LeakSanitizer stays on: an input that leaks is a finding too.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_stack_use_after_return=1:strict_string_checks=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/scripts/sanitizers/fuzz_lsan.supp}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 status=0
 for t in "${targets[@]}"; do

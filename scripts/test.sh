@@ -79,7 +79,7 @@ if [ "${DDP_SKIP_SUBSETS:-0}" != 1 ] && [ $# -eq 0 ]; then
   # What the other builds run: docs/compat.md has why (CI's 60 minutes)
   # and the timings. The oracle suite compares with that libtorch's own
   # Python DDP (hooks, static graph and join included).
-  core="distributed_data_parallel_test checkpoint_test ddp_oracle_test"
+  core="distributed_data_parallel_test checkpoint_test state_dict_test ddp_oracle_test"
   # libtorch 2.13, the main job's: the library (C++17) and the suites that
   # pin its numbers, against Python DDP 2.13.
   if [ "$whole" = cuda ]; then

@@ -30,7 +30,8 @@
 //   checkpoint-epoch<E:6>-step<S:12>.ddpckpt   the checkpoint (format below)
 //   checkpoint-epoch<E:6>-step<S:12>.model.pt  the model state alone, loadable
 //       by Python: `model.load_state_dict(torch.load(path))` (a dict of CPU
-//       tensors written by torch::pickle_save, torch.save's zip format).
+//       tensors in torch.save's zip format; ddp::load_state_dict in
+//       ddp/state_dict.h reads it, as any torch.save'd state dict).
 // Zero-padded numbers make the names sort by (epoch, step); the latest
 // checkpoint is the .ddpckpt file with the largest (epoch, step).
 //

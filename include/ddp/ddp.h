@@ -39,5 +39,6 @@
 #include "ddp/metrics.h"
 #include "ddp/powersgd.h"
 #include "ddp/process_group.h"
+#include "ddp/state_dict.h"
 #include "ddp/sync_batchnorm.h"
 #include "ddp/zero_redundancy_optimizer.h"
