@@ -1,7 +1,8 @@
 // A training program with metrics reduced over the ranks, rank-0 printing
 // and checkpoints: README's sections "Metrics across ranks", "Printing and
-// logging" and "Checkpoints" quote its three functions train_epoch, report
-// and train verbatim (examples/check_snippets.py checks it).
+// logging", "Checkpoints" and "Weights from Python" quote its functions
+// train_epoch, report, train and exchange_weights verbatim
+// (examples/check_snippets.py checks it).
 //
 //   ddprun --standalone --nproc-per-node 2 build/examples/training_loop DIR 2
 //   ddprun --standalone --nproc-per-node 2 build/examples/training_loop DIR 3
@@ -20,6 +21,7 @@
 #include "ddp/distributed_sampler.h"
 #include "ddp/error.h"
 #include "ddp/process_group.h"
+#include "ddp/state_dict.h"
 #include "synthetic.h"
 
 using examples::Batch;
@@ -89,6 +91,12 @@ void train(ddp::DistributedDataParallel<Net>& model, torch::optim::Optimizer& op
   }
 }
 
+// Weights to Python and back, as torch.save(model.state_dict()) writes them.
+void exchange_weights(torch::nn::Module& net, const std::string& path) {
+  ddp::save_state_dict(net, path);  // Python: model.load_state_dict(torch.load(path))
+  ddp::load_state_dict(net, path);  // strict: missing, unexpected, mis-shaped keys named
+}
+
 int main(int argc, char** argv) {
   try {
     if (argc != 3) {
@@ -101,6 +109,7 @@ int main(int argc, char** argv) {
     ddp::DistributedDataParallel<Net> model(net);
     torch::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(1e-2));
     train(model, optimizer, argv[1], std::stoll(argv[2]), c10::Device(c10::kCPU));
+    if (ddp::get_rank() == 0) exchange_weights(*model.module(), std::string(argv[1]) + "/weights.pt");
     ddp::destroy_process_group();
     return 0;
   } catch (const std::exception& e) {
