@@ -11,7 +11,8 @@ find_unused_parameters and static_graph. Reported per variant: median step
 time, samples/s, its ratio to the default (median of the per-repeat ratios),
 and the gradient payload each rank all-reduces per step (float32 buckets;
 half for fp16/bf16; PowerSGD's P, Q and uncompressed tensors from its
-compression statistics). Writes bench/results/NAME.json and the section of
+compression statistics). Writes bench/results/NAME.json (the summary: these
+numbers), bench/results/raw/NAME.json.gz (every run) and the section of
 BENCHMARKS.md between its markers.
 """
 import argparse
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import report  # noqa: E402  (replace_section)
+import report  # noqa: E402  (publish)
 import run as bench_run  # noqa: E402  (Launcher, weights, machine info)
 
 REPO = bench_run.REPO
@@ -103,23 +104,34 @@ def measure(a, launcher):
     return runs
 
 
-def table(runs, workload):
+def summarize(runs, workload):
+    """The numbers of the workload's table: one row per variant, in the
+    order they first ran (what bench/results/NAME.json keeps)."""
     by = {}
     for r in runs:
         if r["workload"] == workload:
             by.setdefault(r["variant"], {})[r["repeat"]] = r
     base = by.get("default", {})
-    lines = ["| variant | step ms (median) | samples/s | vs default | all-reduced per step per rank |",
-             "|---|---|---|---|---|"]
+    rows = []
     for name, reps in by.items():
-        step = statistics.median(x["step_s"]["median"] for x in reps.values())
-        sps = statistics.median(x["samples_per_s"] for x in reps.values())
         ratios = [base[k]["step_s"]["median"] / v["step_s"]["median"]
                   for k, v in reps.items() if k in base]
-        ratio = f"{statistics.median(ratios):.2f}× speed" if ratios else "—"
-        payload = statistics.median(x["payload_bytes"] for x in reps.values())
-        lines.append(f"| {name} | {step * 1e3:.2f} | {sps:.1f} | {ratio} | "
-                     f"{payload / 2**20:.2f} MiB |")
+        rows.append({"variant": name,
+                     "step_s": statistics.median(x["step_s"]["median"] for x in reps.values()),
+                     "samples_per_s": statistics.median(x["samples_per_s"] for x in reps.values()),
+                     "speed_vs_default": statistics.median(ratios) if ratios else None,
+                     "payload_bytes": statistics.median(x["payload_bytes"] for x in reps.values())})
+    return rows
+
+
+def table(rows):
+    lines = ["| variant | step ms (median) | samples/s | vs default | "
+             "all-reduced per step per rank |", "|---|---|---|---|---|"]
+    for r in rows:
+        ratio = r["speed_vs_default"]
+        ratio = f"{ratio:.2f}× speed" if ratio is not None else "—"
+        lines.append(f"| {r['variant']} | {r['step_s'] * 1e3:.2f} | {r['samples_per_s']:.1f} | "
+                     f"{ratio} | {r['payload_bytes'] / 2**20:.2f} MiB |")
     return "\n".join(lines)
 
 
@@ -128,7 +140,7 @@ def main(argv):
     launcher = bench_run.Launcher(a)
     doc = bench_run.timed_document(a, argv, launcher, measure, world=a.world, repeats=a.repeats)
     report.publish(doc, a.markdown, BEGIN, END,
-                   f"W={a.world}, {a.repeats} alternations", table)
+                   f"W={a.world}, {a.repeats} alternations", summarize, table)
     return 0
 
 

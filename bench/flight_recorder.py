@@ -21,8 +21,10 @@ against on, for the cost per DDP step. Reported per variant: the median
 over the runs of each run's median (and of its p10, the fast path, less
 touched by a rank sleeping on its futex or losing its core), and the
 difference to "off" as the median of the pairwise (same repeat)
-differences, with their quartiles: the noise to read it against. Writes bench/results/NAME.json and the
-section of BENCHMARKS.md between its markers.
+differences, with their quartiles: the noise to read it against. Writes
+bench/results/NAME.json (the summary: these numbers),
+bench/results/raw/NAME.json.gz (every run) and the section of
+BENCHMARKS.md between its markers.
 """
 import argparse
 import os
@@ -164,7 +166,9 @@ def value_s(run, stat="median"):
 
 def summarize(runs, workload):
     """variant -> the median over the runs of their median and p10, and the
-    pairwise (same repeat) differences to "off"."""
+    pairwise (same repeat) differences to "off": the numbers of the
+    workload's table (what bench/results/NAME.json keeps; each run's own
+    values are in the raw samples)."""
     by = {}
     for r in runs:
         if r["workload"] == workload:
@@ -176,8 +180,7 @@ def summarize(runs, workload):
         for stat in ("median", "p10"):
             diffs = sorted(value_s(v, stat) - value_s(off[k], stat)
                            for k, v in reps.items() if k in off and name != "off")
-            e[stat] = {"runs_s": [value_s(v, stat) for _, v in sorted(reps.items())],
-                       "median_s": statistics.median(value_s(v, stat) for v in reps.values()),
+            e[stat] = {"median_s": statistics.median(value_s(v, stat) for v in reps.values()),
                        "minus_off_s": statistics.median(diffs) if diffs else None,
                        "minus_off_pairs_s": diffs}
         e["foreign_cores"] = statistics.median(v["launch"]["foreign_cores"] for v in reps.values())
@@ -194,9 +197,9 @@ def _quartiles(xs):
     return q[0], q[2]
 
 
-def table(runs, workload):
-    s = summarize(runs, workload)
-    step = workload.startswith("DDP")
+def table(s):
+    """The table of one workload's summary (summarize)."""
+    step = "collectives_per_step" in next(iter(s.values()))
     unit, scale = ("ms", 1e3) if step else ("µs", 1e6)
     what = "per step" if step else "per all_reduce"
     lines = [f"| recorder | {unit} {what}: median of the samples (median of the runs) | "
@@ -230,14 +233,13 @@ def main(argv):
                                    sizes=a.sizes, iters=a.iters, batch=a.batch)
     doc["variants"] = a.variant_info
     doc["ddprun_default_dir"] = a.default_dir
-    doc["summary"] = {w: summarize(doc["runs"], w) for w in doc["workloads"]}
     paths = sorted({r["path"] for r in doc["runs"] if "path" in r})
     described = "; ".join(f"**{n}**: {v['description']}" for n, v in a.variant_info.items())
     report.publish(doc, a.markdown, BEGIN, END,
                    f"W={a.world}; {a.repeats} alternations per all_reduce size "
                    f"({a.iters} samples of {a.batch} all_reduces back to back per run, "
                    f"{' / '.join(paths)} path), {a.ddp_repeats} per DDP workload; {described}",
-                   table)
+                   summarize, table)
     return 0
 
 

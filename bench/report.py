@@ -1,7 +1,38 @@
-"""Summaries and tables of bench/run.py's results (bench/results/*.json).
+"""Summaries and tables of the benchmarks' results (bench/results/*.json).
 
-  python3 bench/report.py bench/results/NAME.json   # prints the tables
+  python3 bench/report.py bench/results/NAME.json          # prints the tables
+  python3 bench/report.py bench/results/raw/NAME.json.gz   # the same, from the samples
+  python3 bench/report.py --summarize bench/results/raw/NAME.json.gz
+      # rewrites bench/results/NAME.json from the samples (after a change
+      # of what a summary holds)
+
+Where results live. Each run of a benchmark script (bench/run.py,
+allreduce_sweep.py, comm_hooks.py, zero.py, flight_recorder.py) leaves two
+files, both written by save():
+
+  bench/results/NAME.json         the summary, tracked and read by people:
+                                  the script, command, dates, machine,
+                                  commit, the run's settings, and under
+                                  "summary" every number its tables show
+                                  (2 - 18 KB); `report.py` prints the tables
+                                  from this file alone, and the scripts
+                                  write BENCHMARKS.md from it too
+  bench/results/raw/NAME.json.gz  the raw document: every run of every
+                                  repeat with its exact command, load and
+                                  samples (gzip, 3 - 34 KB per run; what
+                                  NAME.json held before issue 27)
+
+Why raw samples are kept, compressed, rather than dropped: they cannot be
+regenerated (a rerun measures another machine state, and a full run takes
+half an hour of both cores), they are what a summary is checked against
+(`report.py raw/NAME.json.gz` recomputes every number), and gzip makes
+them a tenth of their text (all of them about 100 KB against 1 MB), so the
+tree's size stays its code's. They are written with a fixed header (no
+time stamp, no file name), so that rewriting an unchanged document changes
+no byte.
 """
+import gzip
+import importlib
 import json
 import statistics
 import sys
@@ -207,32 +238,88 @@ def update_markdown(path, doc, results_path):
             f"{m['loopback']}",
             f"- Command: `{doc['command']}`" + (f"; ddp flags `{doc['ddp_args']}`" if doc["ddp_args"] else "")
             + (f"; Python flags `{doc['python_args']}`" if doc["python_args"] else ""),
-            f"- {doc['repeats']} alternations per configuration; each run's exact command is in the JSON "
-            "(`runs[].launch.command`)", "", tables(doc), "", END]
+            f"- {doc['repeats']} alternations per configuration; each run's exact command is in "
+            f"the raw samples, `{Path(results_path).parent / doc['raw']}` "
+            "(`runs[].launch.command`)", "",
+            tables(doc), "", END]
     replace_section(path, BEGIN, END, head)
 
 
-def publish(doc, markdown, begin, end, details, table):
-    """What bench/comm_hooks.py and bench/zero.py do with a finished run:
-    writes bench/results/<doc name>.json atomically, prints each workload's
-    table(runs, workload), and, unless `markdown` is '', replaces its section
-    of that file: the results file, times, command, commit, `details` (the
-    run's own settings, a phrase) and machine, then the tables."""
-    repo = Path(__file__).resolve().parent.parent
-    out = repo / "bench" / "results" / f"{doc['name']}.json"
+def save(doc, out_dir, summary):
+    """Writes one run in the layout above, each file atomically:
+    out_dir/raw/NAME.json.gz (`doc`, every run) and out_dir/NAME.json (`doc`
+    without its runs, with `summary`: the numbers of its tables). Returns
+    the summary document as read back from its file: what tables are made
+    of, so that printed, published and re-read tables never differ."""
+    out_dir = Path(out_dir)
+    raw = out_dir / "raw" / f"{doc['name']}.json.gz"
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps({k: v for k, v in doc.items() if k != "summary"}, indent=1) + "\n").encode()
+    tmp = raw.with_name(raw.name + ".tmp")
+    with open(tmp, "wb") as f:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=f, compresslevel=9, mtime=0) as z:
+            z.write(data)
+    tmp.replace(raw)
+    head = {k: v for k, v in doc.items() if k not in ("runs", "summary")}
+    head.update(raw=raw.relative_to(out_dir).as_posix(), raw_runs=len(doc.get("runs", [])),
+                summary=summary)
+    out = out_dir / f"{doc['name']}.json"
     tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.write_text(dumps(head) + "\n")
     tmp.replace(out)
-    for w in doc["workloads"]:
-        print(f"{w}\n{table(doc['runs'], w)}\n")
+    if gzip.decompress(raw.read_bytes()) != data:
+        raise RuntimeError(f"report.py: {raw} does not read back")
+    return load(out)
+
+
+def load(path):
+    """A results document: a summary (NAME.json) or raw samples (.json.gz)."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        return json.loads(gzip.decompress(path.read_bytes()))
+    return json.loads(path.read_text())
+
+
+def dumps(x, indent=0):
+    """JSON for reading: a container on one line when short or of plain
+    values only (a list of numbers), else one entry per line."""
+    line = json.dumps(x)
+    flat = isinstance(x, list) and not any(isinstance(v, (dict, list)) for v in x)
+    if not isinstance(x, (dict, list)) or not x or flat or indent + len(line) <= 100:
+        return line
+    pad = " " * (indent + 1)
+    if isinstance(x, dict):
+        items = [f"{pad}{json.dumps(k)}: {dumps(v, indent + 1)}" for k, v in x.items()]
+        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+    return "[\n" + ",\n".join(pad + dumps(v, indent + 1) for v in x) + "\n" + " " * indent + "]"
+
+
+def workload_tables(doc, table):
+    """The text bench/comm_hooks.py, zero.py and flight_recorder.py print:
+    each workload's name and table(summary of that workload)."""
+    return "".join(f"{w}\n{table(doc['summary'][w])}\n\n" for w in doc["workloads"])
+
+
+def publish(doc, markdown, begin, end, details, summarize_workload, table):
+    """What bench/comm_hooks.py, zero.py and flight_recorder.py do with a
+    finished run: saves it (bench/results/<doc name>.json, the summary
+    {workload: summarize_workload(runs, workload)}, and raw/<name>.json.gz),
+    prints each workload's table(its summary), and, unless `markdown` is '',
+    replaces its section of that file: the results file, times, command,
+    commit, `details` (the run's own settings, a phrase) and machine, then
+    the tables, all from the summary as saved."""
+    repo = Path(__file__).resolve().parent.parent
+    results = repo / "bench" / "results"
+    doc = save(doc, results, {w: summarize_workload(doc["runs"], w) for w in doc["workloads"]})
+    sys.stdout.write(workload_tables(doc, table))
     if not markdown:
         return
     m = doc["machine"]
-    parts = [begin, "", f"Results `{out.relative_to(repo)}` ({doc['started']} – "
-             f"{doc['finished']}); command `{doc['command']}`; ddp commit {m['git']}; "
-             f"{details}; machine: {m['cpu'].strip()}, {m['cores']} cores.", ""]
+    parts = [begin, "", f"Results `{(results / doc['name']).relative_to(repo)}.json` "
+             f"({doc['started']} – {doc['finished']}); command `{doc['command']}`; ddp commit "
+             f"{m['git']}; {details}; machine: {m['cpu'].strip()}, {m['cores']} cores.", ""]
     for w in doc["workloads"]:
-        parts += [f"**{w}**", "", table(doc["runs"], w), ""]
+        parts += [f"**{w}**", "", table(doc["summary"][w]), ""]
     parts.append(end)
     replace_section(Path(markdown), begin, end, parts)
 
@@ -251,7 +338,57 @@ def replace_section(path, begin, end, lines):
     tmp.replace(path)
 
 
+def script_module(doc):
+    """The module of the script that wrote `doc` (its summarize and table
+    functions); None for bench/run.py, whose are in this file."""
+    script = doc.get("script", "bench/run.py")
+    if script == "bench/run.py":
+        return None
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module(Path(script).stem)
+
+
+def summarize_doc(doc):
+    """The summary of a raw document (one with its runs)."""
+    mod = script_module(doc)
+    if mod is None:
+        return summarize(doc)
+    if doc["script"] == "bench/allreduce_sweep.py":  # one table, no workloads
+        return mod.summarize(doc["runs"])
+    return {w: mod.summarize(doc["runs"], w) for w in doc["workloads"]}
+
+
+def text(doc):
+    """What the script that wrote `doc` printed: its tables, from the summary."""
+    mod = script_module(doc)
+    if mod is None:
+        return tables(doc) + "\n"
+    if doc["script"] == "bench/allreduce_sweep.py":
+        return mod.tables(doc["summary"]) + "\n"
+    return workload_tables(doc, mod.table)
+
+
+def main(argv):
+    if len(argv) == 2 and argv[0] == "--summarize":
+        raw = Path(argv[1])
+        doc = load(raw)
+        if "runs" not in doc:
+            sys.exit(f"report.py: {raw} holds no runs: --summarize takes raw samples")
+        out_dir = raw.resolve().parent.parent
+        doc = save(doc, out_dir, summarize_doc(doc))
+        print(f"report.py: wrote {out_dir / doc['name']}.json", file=sys.stderr)
+        sys.stdout.write(text(doc))
+        return 0
+    if len(argv) != 1 or argv[0].startswith("-"):
+        sys.exit(__doc__.split("\n\n")[1])
+    doc = load(argv[0])
+    if "runs" in doc:  # raw samples: the numbers anew
+        doc["summary"] = summarize_doc(doc)
+    sys.stdout.write(text(doc))
+    return 0
+
+
 if __name__ == "__main__":
-    doc = json.loads(Path(sys.argv[1]).read_text())
-    doc["summary"] = summarize(doc)
-    print(tables(doc))
+    sys.exit(main(sys.argv[1:]))

@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """bench/run.py: ddp against PyTorch's Python DDP, same machine, same run.
 
-One command runs everything and writes bench/results/<name>.json and the
-table in BENCHMARKS.md:
+One command runs everything and writes bench/results/<name>.json (the
+summary: machine, command, the tables' numbers),
+bench/results/raw/<name>.json.gz (every run; bench/report.py says why) and
+the table in BENCHMARKS.md:
 
   python3 bench/run.py --build-dir build-bench --name cpu-2core
 
@@ -13,10 +15,11 @@ median. Every run records its exact command, the machine's load and the CPU
 time other processes took while it ran ("foreign" cores).
 
 --smoke: tiny sizes, W=1 and 2, one repeat; checks only that the harness runs
-(the CTest entry bench_smoke). Needs only the driver's own Python; the Python
-DDP side needs --python with torch, by default the build's oracle (CMake's
-DDP_PYTHON: the venv's torch 2.13 for build/, Debian's python3-torch 1.13 for
-build-debian/), so both sides run the very same libtorch binary.
+and writes both files, readable (the CTest entry bench_smoke). Needs only
+the driver's own Python; the Python DDP side needs --python with torch, by
+default the build's oracle (CMake's DDP_PYTHON: the venv's torch 2.13 for
+build/, Debian's python3-torch 1.13 for build-debian/), so both sides run
+the very same libtorch binary.
 """
 import argparse
 import atexit
@@ -254,7 +257,7 @@ def timed_document(a, argv, launcher, measure, **settings):
     and runs (what bench/comm_hooks.py and bench/zero.py save)."""
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     runs = measure(a, launcher)
-    return {"name": a.name, "started": started,
+    return {"name": a.name, "script": "bench/" + Path(sys.argv[0]).name, "started": started,
             "finished": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "command": shlex.join([sys.executable, sys.argv[0]] + argv),
             "machine": machine_info(a), **settings,
@@ -305,7 +308,7 @@ def measure(launcher, a):
         for world in ([2] if smoke_short else worlds + over):
             bench_config(launcher, a, workload, world, weights, nbytes, runs,
                          sync=not (a.no_sync or smoke_short))
-    return {"name": a.name, "started": started,
+    return {"name": a.name, "script": "bench/run.py", "started": started,
             "finished": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "command": shlex.join([sys.executable, sys.argv[0]] + a.argv),
             "machine": machine_info(a), "worlds": worlds, "oversubscribed": over,
@@ -324,16 +327,11 @@ def main(argv):
         doc = measure(launcher, a)
     finally:
         shutil.rmtree(launcher.tmp, ignore_errors=True)
-    doc["summary"] = report.summarize(doc)
+    # The summary as saved (report.save reads both files back: the smoke
+    # test's check), and the tables from it alone.
+    doc = report.save(doc, out_dir, report.summarize(doc))
     path = out_dir / f"{a.name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(doc, indent=1) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    json.loads(path.read_text())  # the smoke test's check: valid JSON
-    log(f"wrote {path}")
+    log(f"wrote {path} and {out_dir / doc['raw']}")
     if a.markdown:
         shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
         report.update_markdown(Path(a.markdown), doc, shown)

@@ -10,8 +10,9 @@ optimizer on every rank, and with ddp::ZeroRedundancyOptimizer. Reported
 per variant: median step time, each rank's optimizer-state bytes (counted
 from the optimizer's tensors after training) and peak resident memory
 (getrusage's ru_maxrss: the process, libtorch included). Writes
-bench/results/NAME.json and the section of BENCHMARKS.md between its
-markers.
+bench/results/NAME.json (the summary: these numbers),
+bench/results/raw/NAME.json.gz (every run) and the section of
+BENCHMARKS.md between its markers.
 """
 import argparse
 import statistics
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import report  # noqa: E402  (replace_section)
+import report  # noqa: E402  (publish)
 import run as bench_run  # noqa: E402  (Launcher, weights, machine info)
 
 REPO = bench_run.REPO
@@ -69,19 +70,28 @@ def measure(a, launcher):
     return runs
 
 
-def table(runs, workload):
+def summarize(runs, workload):
+    """The numbers of the workload's table: one row per world size and
+    variant (what bench/results/NAME.json keeps)."""
     by = {}
     for r in runs:
         if r["workload"] == workload:
             by.setdefault((r["world_size"], r["variant"]), []).append(r)
+    return [{"world_size": world, "variant": name,
+             "step_s": statistics.median(x["step_s"]["median"] for x in reps),
+             "optimizer_state_bytes": reps[0]["optimizer_state_bytes"],
+             "max_rss_kib": statistics.median(max(x["max_rss_kib"]) for x in reps)}
+            for (world, name), reps in sorted(by.items())]
+
+
+def table(rows):
     lines = ["| W | variant | step ms (median) | optimizer state per rank (MiB, max / sum over ranks) "
              "| peak RSS per rank (MiB, max) |", "|---|---|---|---|---|"]
-    for (world, name), reps in sorted(by.items()):
-        step = statistics.median(x["step_s"]["median"] for x in reps)
-        state = reps[0]["optimizer_state_bytes"]
-        rss = statistics.median(max(x["max_rss_kib"]) for x in reps)
-        lines.append(f"| {world} | {name} | {step * 1e3:.1f} | {max(state) / 2**20:.2f} / "
-                     f"{sum(state) / 2**20:.2f} | {rss / 1024:.0f} |")
+    for r in rows:
+        state = r["optimizer_state_bytes"]
+        lines.append(f"| {r['world_size']} | {r['variant']} | {r['step_s'] * 1e3:.1f} | "
+                     f"{max(state) / 2**20:.2f} / {sum(state) / 2**20:.2f} | "
+                     f"{r['max_rss_kib'] / 1024:.0f} |")
     return "\n".join(lines)
 
 
@@ -90,7 +100,7 @@ def main(argv):
     launcher = bench_run.Launcher(a)
     doc = bench_run.timed_document(a, argv, launcher, measure, optimizer=a.optimizer, repeats=a.repeats)
     report.publish(doc, a.markdown, BEGIN, END,
-                   f"optimizer {a.optimizer}; {a.repeats} alternations", table)
+                   f"optimizer {a.optimizer}; {a.repeats} alternations", summarize, table)
     return 0
 
 

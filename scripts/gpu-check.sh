@@ -16,9 +16,10 @@
 # at world size 1, the MLP and the transformer, alternating), and writes
 # everything into $OUT/gpu-check/ when $OUT is set (the device tool brings
 # $OUT back), else build-gpu/gpu-check/: machine.txt, configure.log,
-# build.log, tests.log, tests.xml (JUnit), bench-*.json, bench.log and
-# summary.txt. Each phase has its own time limit, all inside a budget of
-# 500 s (BUDGET) so that the whole stays well inside 9 minutes, under the
+# build.log, tests.log, tests.xml (JUnit), gpu-check-nccl.json (the
+# benchmark's summary; its raw samples in raw/gpu-check-nccl.json.gz),
+# bench.log and summary.txt. Each phase has its own time limit, all inside
+# a budget of 500 s (BUDGET) so that the whole stays well inside 9 minutes, under the
 # device tool's 600 s per command; a phase that runs out is named in
 # summary.txt (exit status 3, never 124: that would read as the command's
 # own timeout) and the next phases still run where they can.

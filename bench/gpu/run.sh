@@ -8,10 +8,12 @@
 #   bench/gpu/run.sh                 # from the repository root
 #   PYTHON=/path/to/python3 BUILD=/tmp/build-gpu NAME=h200 bench/gpu/run.sh
 #
-# Writes $RESULTS_DIR/$NAME-nccl.json and $NAME-gloo.json (default
-# bench/results/; BENCHMARKS.md is left alone: add the tables by hand with
-# `python3 bench/report.py FILE`). scripts/gpu-check.sh calls it after its
-# own build (DDP_GPU_BENCH_SKIP_BUILD=1, BACKENDS=nccl, shorter runs).
+# Writes the summaries $RESULTS_DIR/$NAME-nccl.json and $NAME-gloo.json and
+# their raw samples $RESULTS_DIR/raw/$NAME-nccl.json.gz and ...-gloo.json.gz
+# (default bench/results/; BENCHMARKS.md is left alone: add the tables by
+# hand with `python3 bench/report.py $RESULTS_DIR/$NAME-nccl.json`).
+# scripts/gpu-check.sh calls it after its own build
+# (DDP_GPU_BENCH_SKIP_BUILD=1, BACKENDS=nccl, shorter runs).
 #
 # Needs: CUDA PyTorch 2.x importable by $PYTHON, cmake >= 3.18, a C++17
 # compiler, the headers/CMake packages of CLI11, nlohmann_json and zlib
