@@ -13,7 +13,7 @@
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/join.h"
 #include "model_sync.h"
-#include "reducer.h"
+#include "reducer/reducer.h"
 
 namespace ddp::detail {
 
@@ -30,9 +30,7 @@ class DdpCore {
   bool syncing_now() const { return at::GradMode::is_enabled() && grad_sync_; }
   DdpStats stats() const;
   at::Tensor input_to_device(const at::Tensor& input, size_t index) const;
-  void register_comm_hook(CommHook hook, std::string name) {
-    reducer_->register_comm_hook(std::move(hook), std::move(name));
-  }
+  void register_comm_hook(CommHook hook, std::string name);
 
   // no_sync(): gradient sync requested for the next forwards.
   void set_grad_sync(bool enabled);

@@ -16,7 +16,9 @@
 #include "ddp/error.h"
 #include "ddp_core.h"
 #include "ddp_env.h"
+#include "group_bucket_comm.h"
 #include "model_sync.h"
+#include "process_group_impl.h"
 #include "tensor_text.h"
 
 namespace ddp::detail {
@@ -57,7 +59,9 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module,
   ro.static_graph = options_.static_graph;
   ro.timeout = options_.timeout;
   ro.reduce_alone = read_ddp_env().reduce_alone;
-  reducer_ = Reducer::create(std::move(names), std::move(params), group_, ro);
+  ro.debug = group_->impl().debug;
+  reducer_ = Reducer::create(std::move(names), std::move(params), group_,
+                             make_fused_all_reduce({group_, options_.timeout}), ro);
 }
 
 void DdpCore::check_options() const {
@@ -338,6 +342,11 @@ torch::OrderedDict<std::string, at::Tensor> unique_named_parameters(
   return out;
 }
 DdpStats stats(const DdpCore& core) { return core.stats(); }
+
+void DdpCore::register_comm_hook(CommHook hook, std::string name) {
+  reducer_->register_comm_hook(
+      make_hook_comm({group_, options_.timeout}, std::move(hook), std::move(name)));
+}
 
 void register_comm_hook(DdpCore& core, CommHook hook, std::string name) {
   core.register_comm_hook(std::move(hook), std::move(name));

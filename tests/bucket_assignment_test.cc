@@ -1,6 +1,6 @@
 // compute_bucket_assignment: PyTorch's size-capped bucketing per (dtype,
 // device), first bucket smaller, buckets in order of their first parameter.
-#include "bucket_assignment.h"
+#include "reducer/bucket_assignment.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The internal Reducer driven directly (no DistributedDataParallel module),
-// ranks as threads: Note [Reducer protocol] in src/reducer.h. Each rank
+// ranks as threads: Note [Reducer protocol] in src/reducer/reducer.h. Each rank
 // builds loss = sum_i (p_i * c_{r,i}).sum(), so d loss / d p_i = c_{r,i}
 // exactly, and the test checks .grad() against the hand-computed average.
 //
@@ -8,7 +8,7 @@
 // which fl(W*k * fl(1/W)) == k exactly (W = 1, 2, 3), so the reduced sum is
 // exact in any summation order and torch::equal against the double-computed
 // average is a fair check.
-#include "reducer.h"
+#include "reducer/reducer.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ddp/error.h"
+#include "group_bucket_comm.h"
 #include "support/thread_world.h"
 
 namespace ddp::detail {
@@ -71,6 +72,9 @@ void iteration(Reducer& reducer, const std::vector<at::Tensor>& params, int worl
   loss.backward();
 }
 
+// The communication DdpCore gives the reducer: one all_reduce per bucket.
+std::unique_ptr<BucketComm> fused() { return make_fused_all_reduce({default_group(), {}}); }
+
 ReducerOptions options(bool tiny_buckets, bool find_unused) {
   ReducerOptions o;
   if (tiny_buckets) {  // 12 bytes first, then 16: several buckets
@@ -97,7 +101,7 @@ TEST_P(ReducerWorlds, AllUsedGradIsExactAverageForAnyBuckets) {
     testing::run_ranks(world, [&](int rank) {
       World w = make_params(kShapes);
       auto reducer =
-          Reducer::create(w.names, w.params, default_group(), options(tiny, false));
+          Reducer::create(w.names, w.params, default_group(), fused(), options(tiny, false));
       for (int it = 0; it < kIters; ++it) {
         for (auto& p : w.params) p.mutable_grad() = at::Tensor();  // zero_grad(set_to_none)
         iteration(*reducer, w.params, world, rank, it, [](size_t) { return true; });
@@ -158,7 +162,7 @@ TEST_P(ReducerWorlds, FindUnusedParameters) {
   std::vector<std::vector<int64_t>> p7_ptr(world);
   testing::run_ranks(world, [&](int rank) {
     World w = make_params(shapes);
-    auto reducer = Reducer::create(w.names, w.params, default_group(), options(true, true));
+    auto reducer = Reducer::create(w.names, w.params, default_group(), fused(), options(true, true));
     auto used = [rank](size_t i) {
       if (i == 3 || i == 5) return rank == 0;
       return i != 6 && i != 7;
@@ -222,7 +226,7 @@ TEST(Reducer, PartlyUnusedWithoutFindUnusedRaisesOnEveryRank) {
   constexpr int kWorld = 2;
   auto errors = testing::run_ranks_collect(kWorld, [&](int rank) {
     World w = make_params(kShapes);
-    auto reducer = Reducer::create(w.names, w.params, default_group(), options(true, false));
+    auto reducer = Reducer::create(w.names, w.params, default_group(), fused(), options(true, false));
     iteration(*reducer, w.params, kWorld, rank, 0,
               [rank](size_t i) { return !(i == 3 && rank == 1); });
   });

@@ -35,9 +35,13 @@
 // second backward of one forward (an output of that forward saw a gradient
 // again: hooks on the outputs tell) or a graph built without the wrapper
 // (module()->forward()), and raises naming which.
-// Moving a full bucket between ranks is the BucketComm's job (Note [Bucket
-// communication] in bucket_comm.h): by default one all_reduce per bucket,
-// or a user's comm hook.
+// Moving a full bucket between ranks, and where its memory lives, is the
+// BucketComm's job (Note [Bucket communication] in bucket_comm.h, the
+// wing's door): by default one all_reduce per bucket, or a user's comm
+// hook. The reducer uses the process group only through the public
+// collectives (rank, size, the rebuild's broadcast), never its internals.
+// The steps above are the phases of Reducer::Phase; everything one
+// iteration writes is one Reducer::Iteration, reset by assignment at step 1.
 // Each bucket's flat buffer carries, after the gradients, one slot per
 // parameter holding 1 where this rank produced the gradient. After the
 // all_reduce the slot counts the ranks that did: 0 means unused everywhere
@@ -91,16 +95,16 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "bucket_comm.h"
-#include "ddp/collectives.h"
-#include "ddp/comm_hooks.h"
 #include "ddp/process_group.h"
+#include "reducer/bucket_comm.h"
+#include "reducer/device_clock.h"
 
 namespace ddp::detail {
 
@@ -112,16 +116,24 @@ struct ReducerOptions {
   bool static_graph = false;  // Note [Static graph]
   // Reduce through the backend even at world size 1 (DDP_REDUCE_AT_WORLD_SIZE_1).
   bool reduce_alone = false;
+  // Debug mode (the group's, Note [Debug mode]): the usage checks that cost
+  // time, such as a no_sync forward's backward after the guard ended.
+  bool debug = false;
+  // Bounds the rebuild's broadcast; default: the group's timeout.
   std::optional<std::chrono::milliseconds> timeout;
 };
 
 class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
   // params: the parameters to reduce (requires_grad, deduplicated, all on
-  // one device), names their full names for messages.
+  // one device), names their full names for messages. group: for its rank
+  // and size and the rebuild's broadcast (public collectives only). comm:
+  // how buckets get their memory and move (make_fused_all_reduce in
+  // group_bucket_comm.h, as DdpCore does).
   static std::shared_ptr<Reducer> create(std::vector<std::string> names,
                                          std::vector<at::Tensor> params,
                                          ProcessGroupPtr group,
+                                         std::unique_ptr<BucketComm> comm,
                                          ReducerOptions options);
   ~Reducer();
   Reducer(const Reducer&) = delete;
@@ -158,10 +170,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   };
   Stats stats() const;
 
-  // Replaces the built-in all_reduce with `hook` (comm_hooks.h). Only before
-  // the first forward, once: InvalidArgument otherwise. Re-lays the buckets
-  // out of shared memory.
-  void register_comm_hook(CommHook hook, std::string name);
+  // Replaces the built-in communication with `comm` (a user's comm hook:
+  // make_hook_comm). Only before the first forward, once: InvalidArgument
+  // otherwise. Re-lays the buckets out in the new comm's memory.
+  void register_comm_hook(std::unique_ptr<BucketComm> comm);
 
   // Join (see join.h): for the next synchronised iteration, `users` ranks
   // produce gradients and the sum is divided by `divisor`. Default: the
@@ -174,18 +186,27 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // the default zero_grad() would.
   void shadow_backward();
 
+  // The steps of Note [Reducer protocol] for the last synchronised forward.
+  enum class Phase {
+    kIdle,      // none pending: no forward with gradients yet, or a no_sync one
+    kPrepared,  // step 1 done; no gradient has arrived yet
+    kReducing,  // steps 2-3: gradients arriving, full buckets launched
+    kFinished,  // step 4 done: averages written into .grad()
+    kBroken,    // waiting for the buckets threw; the ranks are out of step (for good)
+  };
+
  private:
   struct Param;
   struct Bucket;
-  struct Timing;
+  struct Iteration;
+  struct StaticGraph;
 
   Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
-          ProcessGroupPtr group, ReducerOptions options);
+          ProcessGroupPtr group, std::unique_ptr<BucketComm> comm, ReducerOptions options);
   void install_hooks();
   void build_buckets(const std::vector<size_t>& order);
-  at::Tensor allocate_flat(int64_t numel, const at::TensorOptions& opts);
   // Before gradients are written into buckets in shared memory again, the
-  // peers must be done reading them (ShmGroup::fence).
+  // peers must be done reading them (BucketComm::fence).
   void fence_shared_buckets();
 
   void autograd_hook(size_t index);
@@ -197,7 +218,6 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void mark_ready(size_t index, bool produced);
   void launch_ready_buckets();
   void launch(size_t bucket);
-  void start_comm(size_t bucket);
   std::vector<BucketIo> bucket_io() const;
   BucketIo bucket_io(size_t bucket) const;
   void finalize_backward();
@@ -209,23 +229,26 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void wait_and_write_back(std::vector<float>& counts, bool shadow = false);
   void check_unused(const std::vector<float>& counts);
   bool produced_here(size_t index) const;
+  // Whether a synchronised backward expects gradients now.
+  bool expecting() const { return phase_ == Phase::kPrepared || phase_ == Phase::kReducing; }
   // World size 1 with the plain average (no join divisor): the all_reduce
   // and the 1/1 scale are identities, so buckets are skipped entirely and
   // .grad() is left as autograd wrote it (exactly the values the buckets
   // would give; gradient_as_bucket_view makes no views then).
   // A comm hook is called even then (its rounding applies, as in PyTorch).
-  bool local_only() const {
-    return world_size_ == 1 && divisor_ == 1 && comm_->prescaled() && !options_.reduce_alone;
-  }
+  bool local_only() const;
   std::vector<size_t> unreachable_from(const std::vector<at::Tensor>& outputs) const;
+  // Step 1: a fresh Iteration, the join divisor of set_iteration_users().
   void reset_iteration();
   // Note [Static graph] (reducer_static_graph.cc).
-  bool static_learning() const { return options_.static_graph && !static_learned_; }
+  bool static_learning() const;
   bool static_graph_hook(size_t index);
   std::vector<size_t> static_unused() const;
   void learn_static_graph();
   void check_static_graph(bool learned_now);
 
+  // Fixed at construction (the buckets change only at the rebuild and at
+  // register_comm_hook, before any backward).
   std::vector<Param> params_;
   std::vector<Bucket> buckets_;
   ProcessGroupPtr group_;
@@ -233,44 +256,39 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::unique_ptr<BucketComm> comm_;
   bool custom_hook_ = false;
   int world_size_;
-  int users_ = 0;          // ranks producing gradients this iteration
-  int divisor_ = 0;        // the scale in every bucket is 1 / divisor_
-  int next_users_ = 0, next_divisor_ = 0;  // set_iteration_users()
 
-  mutable std::mutex mu_;
-  // Per-iteration state (guarded by mu_).
-  bool expect_hooks_ = false;      // prepared, backward not finished
+  mutable std::mutex mu_;  // guards everything below
+  Phase phase_ = Phase::kIdle;
   // The last forward with gradients: none yet, synchronised, or no_sync.
   enum class Mode { kNone, kSync, kLocal } mode_ = Mode::kNone;
-  bool sync_requested_ = true;     // set_sync_requested()
-  std::vector<char> used_since_sync_;  // per parameter: no_sync micro-steps
+  bool sync_requested_ = true;  // set_sync_requested()
+  std::unique_ptr<Iteration> iter_;
+  // Join: ranks producing gradients this iteration and the divisor (the
+  // scale in every bucket is 1 / divisor), and the next iteration's.
+  struct Users {
+    int users = 0, divisor = 0;
+  } now_, next_;
+  // Per parameter: got a gradient in a no_sync micro-step since the last
+  // synchronised backward (its accumulated .grad() is its contribution).
+  std::vector<char> used_since_sync_;
   // Gradients seen at the outputs of synchronised forwards (hook_outputs),
-  // and their number when the last synchronised backward finished.
+  // their number when the last synchronised backward finished, and whether
+  // the last synchronised forward's outputs could be hooked.
   uint64_t output_grads_ = 0, output_grads_at_finalize_ = 0;
-  bool outputs_hooked_ = false;    // the last synchronised forward's outputs
-  bool finalized_ = false;         // a backward finished since the forward
-  bool first_hook_seen_ = false;
-  bool finalize_queued_ = false;
-  bool broken_ = false;            // waiting for the buckets threw
-  size_t next_launch_ = 0;         // next bucket to all_reduce
-  std::vector<char> ready_;        // per parameter
-  std::vector<size_t> unreachable_;
-  // Bucket rebuild (guarded by mu_).
-  std::vector<size_t> ready_order_;  // first iteration's order
-  bool rebuild_done_ = false;
+  bool outputs_hooked_ = false;
+  // The one bucket rebuild: the first iteration's ready order, whether it
+  // was decided, and whether the buckets were rebuilt.
+  struct Rebuild {
+    std::vector<size_t> order;
+    bool done = false, rebuilt = false;
+  } rebuild_;
   int64_t iterations_ = 0;
+  // find_unused_parameters: unused in the last backward, ever unused, and
+  // whether the never-unused warning was given.
   int64_t unused_last_ = 0;
-  bool ever_unused_ = false;
-  bool warned_never_unused_ = false;
-  bool shared_buckets_ = false;  // the last allocate_flat() gave shared memory
-  std::unique_ptr<Timing> timing_;
-  // static_graph: hooks seen per parameter this iteration, and expected
-  // (learned in the first synchronised iteration).
-  std::vector<int> hooks_seen_, hooks_expected_;
-  std::vector<uint64_t> last_fired_;  // learning: when each hook last fired
-  uint64_t fire_clock_ = 0;
-  bool static_learned_ = false;
-  std::vector<std::string> static_changes_;  // this iteration's violations
+  bool ever_unused_ = false, warned_never_unused_ = false;
+  std::unique_ptr<StaticGraph> static_;  // with static_graph only
+  std::unique_ptr<DeviceClock> clock_;   // Note [Device timing]
 };
 
 }  // namespace ddp::detail

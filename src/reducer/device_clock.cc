@@ -1,5 +1,5 @@
 // DeviceClock: Note [Device timing] (device_clock.h).
-#include "device_clock.h"
+#include "reducer/device_clock.h"
 
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>

@@ -1,7 +1,9 @@
-// The two BucketComm implementations of Note [Bucket communication].
-#include "bucket_comm.h"
+// The two BucketComm implementations of Note [Bucket communication]
+// (reducer/bucket_comm.h), over a ddp ProcessGroup.
+#include "group_bucket_comm.h"
 
 #include <ATen/ops/cat.h>
+#include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 
 #include <exception>
@@ -14,13 +16,39 @@
 namespace ddp::detail {
 namespace {
 
+BucketBuffer ordinary_buffer(int64_t numel, const at::TensorOptions& options) {
+  return {at::zeros({numel}, options), false};
+}
+
 // Today's default: one all_reduce per bucket over [grads | flags].
 class FusedAllReduce : public BucketComm {
  public:
   explicit FusedAllReduce(BucketCommContext c) : c_(std::move(c)) {}
   bool prescaled() const override { return true; }
-  bool shared_memory_buckets() const override { return true; }
   std::string name() const override { return "built-in all_reduce (fused with the used flags)"; }
+
+  // In the group's shared memory where it has some (Note [Shared-memory
+  // all-reduce]): the gradients are then written straight into the buffer
+  // the peers read, and the all_reduce copies nothing in.
+  BucketBuffer allocate(int64_t numel, const at::TensorOptions& options) override {
+    const auto& shm = c_.group->impl().shm;
+    if (shm && options.device().is_cpu()) {
+      at::Tensor t = shm->allocate(numel, options.dtype().toScalarType());
+      if (t.defined()) return {t.zero_(), true};
+    }
+    return ordinary_buffer(numel, options);
+  }
+
+  void fence() override {
+    ProcessGroupImpl& g = c_.group->impl();
+    if (!g.shm) return;
+    try {
+      g.shm->fence(c_.timeout.value_or(g.timeout));
+    } catch (...) {
+      rethrow_as_comm_error("DistributedDataParallel: waiting for the peers to finish reading "
+                            "the shared gradient buckets");
+    }
+  }
 
   void launch(const BucketIo& b) override {
     if (b.index == 0) works_.assign(b.count, nullptr);
@@ -61,8 +89,12 @@ class HookComm : public BucketComm {
   HookComm(BucketCommContext c, CommHook hook, std::string name)
       : c_(std::move(c)), hook_(std::move(hook)), name_(std::move(name)) {}
   bool prescaled() const override { return false; }
-  bool shared_memory_buckets() const override { return false; }
   std::string name() const override { return name_; }
+  // Out of shared memory: a hook's collectives copy their own tensors.
+  BucketBuffer allocate(int64_t numel, const at::TensorOptions& options) override {
+    return ordinary_buffer(numel, options);
+  }
+  void fence() override {}
 
   void launch(const BucketIo& b) override {
     if (b.index == 0) {

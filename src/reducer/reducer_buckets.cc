@@ -9,10 +9,10 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "bucket_assignment.h"
+#include "ddp/collectives.h"
 #include "ddp/error.h"
-#include "process_group_impl.h"
-#include "reducer_state.h"
+#include "reducer/bucket_assignment.h"
+#include "reducer/reducer_state.h"
 
 namespace ddp::detail {
 namespace {
@@ -42,39 +42,42 @@ class ReadyHook : public torch::autograd::FunctionPostHook {
 std::shared_ptr<Reducer> Reducer::create(std::vector<std::string> names,
                                          std::vector<at::Tensor> params,
                                          ProcessGroupPtr group,
+                                         std::unique_ptr<BucketComm> comm,
                                          ReducerOptions options) {
   std::shared_ptr<Reducer> r(new Reducer(std::move(names), std::move(params),
-                                         std::move(group), std::move(options)));
+                                         std::move(group), std::move(comm),
+                                         std::move(options)));
   r->install_hooks();
   return r;
 }
 
 Reducer::Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
-                 ProcessGroupPtr group, ReducerOptions options)
+                 ProcessGroupPtr group, std::unique_ptr<BucketComm> comm,
+                 ReducerOptions options)
     : group_(std::move(group)),
       options_(std::move(options)),
-      comm_(make_fused_all_reduce({group_, options_.timeout})),
+      comm_(std::move(comm)),
       world_size_(group_->size()),
-      users_(world_size_),
-      divisor_(world_size_),
-      next_users_(world_size_),
-      next_divisor_(world_size_),
-      timing_(std::make_unique<Timing>(params.empty() ? c10::Device(c10::kCPU)
-                                                      : params.front().device())) {
+      now_{world_size_, world_size_},
+      next_{world_size_, world_size_},
+      clock_(std::make_unique<DeviceClock>(params.empty() ? c10::Device(c10::kCPU)
+                                                          : params.front().device())) {
   params_.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     params_[i].name = std::move(names[i]);
     params_[i].tensor = std::move(params[i]);
   }
-  ready_.assign(params_.size(), 0);
   used_since_sync_.assign(params_.size(), 0);
-  hooks_seen_.assign(params_.size(), 0);
-  last_fired_.assign(params_.size(), 0);
+  if (options_.static_graph) {
+    static_ = std::make_unique<StaticGraph>();
+    static_->last_fired.assign(params_.size(), 0);
+  }
   // Reverse registration order approximates the order gradients become
   // ready (the last layer's first).
   std::vector<size_t> order(params_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
   build_buckets(order);
+  iter_ = std::make_unique<Iteration>(params_.size(), buckets_);
 }
 
 void Reducer::install_hooks() {
@@ -101,23 +104,6 @@ Reducer::~Reducer() {
   }
 }
 
-// In the group's shared memory where it has some (Note [Shared-memory
-// all-reduce]): the gradients are then written straight into the buffer
-// the peers read, and the all_reduce copies nothing in.
-// Sets shared_buckets_ when the buffer is in shared memory.
-at::Tensor Reducer::allocate_flat(int64_t numel, const at::TensorOptions& opts) {
-  const auto& shm = group_->impl().shm;
-  shared_buckets_ = false;
-  if (shm && opts.device().is_cpu() && comm_->shared_memory_buckets()) {
-    at::Tensor t = shm->allocate(numel, opts.dtype().toScalarType());
-    if (t.defined()) {
-      shared_buckets_ = true;
-      return t.zero_();
-    }
-  }
-  return at::zeros({numel}, opts);
-}
-
 void Reducer::build_buckets(const std::vector<size_t>& order) {
   std::vector<BucketParamInfo> info;
   for (const Param& p : params_) {
@@ -138,13 +124,14 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       bucket.grad_numel += params_[idx].tensor.numel();
     }
     const int64_t n = static_cast<int64_t>(bucket.params.size());
-    bucket.flat = allocate_flat(bucket.grad_numel + n, opts);
-    bucket.in_shared_memory = shared_buckets_;
+    BucketBuffer buffer = comm_->allocate(bucket.grad_numel + n, opts);
+    bucket.flat = buffer.tensor;
+    bucket.in_shared_memory = buffer.in_shared_memory;
     bucket.grads = bucket.flat.narrow(0, 0, bucket.grad_numel);
     bucket.flags = bucket.flat.narrow(0, bucket.grad_numel, n);
     bucket.produced = at::zeros(
         {n}, at::TensorOptions().dtype(at::kFloat).pinned_memory(opts.device().is_cuda()));
-    bucket.scale = at::scalar_tensor(1.0 / divisor_, opts);
+    bucket.scale = at::scalar_tensor(1.0 / now_.divisor, opts);
     for (size_t s = 0; s < bucket.params.size(); ++s) {
       Param& p = params_[bucket.params[s]];
       // detach(): the view shares the bucket's memory but is not an
@@ -166,27 +153,27 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
 
 void Reducer::prepare_for_forward() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (rebuild_done_ || iterations_ != 1) return;
-  rebuild_done_ = true;
+  if (rebuild_.done || iterations_ != 1) return;
+  rebuild_.done = true;
   // Rank 0's first-iteration order, or -1 when it has none; every rank takes
   // part in the broadcast so the collectives stay in step.
   const int64_t n = static_cast<int64_t>(params_.size());
   at::Tensor order = at::full({n + 1}, -1, at::kLong);
-  if (group_->rank() == 0 && ready_order_.size() == params_.size()) {
+  if (group_->rank() == 0 && rebuild_.order.size() == params_.size()) {
     auto* p = order.data_ptr<int64_t>();
     p[0] = 1;
-    for (int64_t i = 0; i < n; ++i) p[i + 1] = static_cast<int64_t>(ready_order_[i]);
+    for (int64_t i = 0; i < n; ++i) p[i + 1] = static_cast<int64_t>(rebuild_.order[i]);
   }
   CollectiveOptions copts{group_, options_.timeout};
   broadcast(order, 0, copts);
   const auto* p = order.data_ptr<int64_t>();
   if (p[0] != 1) return;
   std::vector<size_t> rebuilt(p + 1, p + 1 + n);
-  build_buckets(rebuilt);
-  timing_->rebuilt = true;
+  build_buckets(rebuilt);  // the next prepare_for_backward() sizes the iteration
+  rebuild_.rebuilt = true;
 }
 
-void Reducer::register_comm_hook(CommHook hook, std::string name) {
+void Reducer::register_comm_hook(std::unique_ptr<BucketComm> comm) {
   std::lock_guard<std::mutex> lock(mu_);
   if (custom_hook_) {
     throw InvalidArgument(fmt::format(
@@ -201,11 +188,11 @@ void Reducer::register_comm_hook(CommHook hook, std::string name) {
         "(a forward has already run with the built-in all_reduce; construct a new wrapper "
         "and register the hook before using it)");
   }
-  comm_ = make_hook_comm({group_, options_.timeout}, std::move(hook), std::move(name));
+  comm_ = std::move(comm);
   custom_hook_ = true;
   std::vector<size_t> order;
   for (const Bucket& b : buckets_) order.insert(order.end(), b.params.begin(), b.params.end());
-  build_buckets(order);  // out of shared memory
+  build_buckets(order);  // in the new comm's memory
 }
 
 Reducer::Stats Reducer::stats() const {
@@ -222,10 +209,10 @@ Reducer::Stats Reducer::stats() const {
     s.shared_memory_buckets += b.in_shared_memory ? 1 : 0;
   }
   s.iterations = iterations_;
-  s.buckets_rebuilt = timing_->rebuilt;
+  s.buckets_rebuilt = rebuild_.rebuilt;
   s.unused_parameters_last = unused_last_;
-  timing_->clock.settle();
-  const DeviceClock::Sums& t = timing_->clock.sums();
+  clock_->settle();
+  const DeviceClock::Sums& t = clock_->sums();
   double n = static_cast<double>(std::max<int64_t>(t.samples, 1));
   s.backward_compute_s = t.backward_compute / n;
   s.backward_comm_s = t.backward_comm / n;

@@ -1,4 +1,4 @@
-#include "bucket_assignment.h"
+#include "reducer/bucket_assignment.h"
 
 #include <algorithm>
 #include <map>

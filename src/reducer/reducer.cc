@@ -12,41 +12,32 @@
 
 #include "ddp/error.h"
 #include "ddp/logging.h"
-#include "work.h"
-#include "reducer_state.h"
+#include "reducer/reducer_state.h"
 
 namespace ddp::detail {
 
 void Reducer::set_iteration_users(int users, int divisor) {
   std::lock_guard<std::mutex> lock(mu_);
-  next_users_ = users;
-  next_divisor_ = std::max(divisor, 1);
+  next_ = {users, std::max(divisor, 1)};
+}
+
+bool Reducer::local_only() const {
+  return world_size_ == 1 && now_.divisor == 1 && comm_->prescaled() && !options_.reduce_alone;
 }
 
 void Reducer::reset_iteration() {
-  users_ = next_users_;
-  if (next_divisor_ != divisor_) {
-    divisor_ = next_divisor_;
-    for (Bucket& b : buckets_) b.scale.fill_(1.0 / divisor_);
+  if (next_.divisor != now_.divisor) {
+    for (Bucket& b : buckets_) b.scale.fill_(1.0 / next_.divisor);
   }
-  std::fill(ready_.begin(), ready_.end(), 0);
-  for (Bucket& b : buckets_) {
-    b.pending = b.params.size();
-    b.produced.zero_();
-  }
-  for (Param& p : params_) p.saved_grad = at::Tensor();
-  std::fill(hooks_seen_.begin(), hooks_seen_.end(), 0);
-  static_changes_.clear();
-  next_launch_ = 0;
-  first_hook_seen_ = false;
-  finalize_queued_ = false;
-  unreachable_.clear();
+  now_ = next_;
+  *iter_ = Iteration(params_.size(), buckets_);
+  for (Bucket& b : buckets_) b.produced.zero_();
 }
 
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs,
                                    bool outputs_known) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (broken_ || (expect_hooks_ && first_hook_seen_)) {
+  if (phase_ == Phase::kBroken || phase_ == Phase::kReducing) {
     // Hooks fired but the callback never ran: backward() threw midway; or
     // waiting for the buckets failed (a comm hook's value or continuation,
     // a collective), leaving later buckets unfinished.
@@ -58,11 +49,12 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs,
   }
   // A synchronised forward still waiting for its backward: this one's
   // backward may go through both (Note [Reducer protocol]).
-  const bool pending = expect_hooks_;
-  std::vector<size_t> earlier_unreachable = std::move(unreachable_);
+  const bool pending = phase_ == Phase::kPrepared;
+  std::vector<size_t> earlier_unreachable = std::move(iter_->unreachable);
   reset_iteration();
+  std::vector<size_t>& unreachable = iter_->unreachable;
   if (options_.static_graph) {
-    unreachable_ = static_unused();  // none while learning
+    unreachable = static_unused();  // none while learning
   } else if (options_.find_unused_parameters) {
     if (!outputs_known) {
       throw InvalidArgument(
@@ -71,26 +63,27 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs,
           "`void collect_tensors(const YourOutput&, std::vector<at::Tensor>&)` "
           "in your output type's namespace");
     }
-    unreachable_ = unreachable_from(outputs);
+    unreachable = unreachable_from(outputs);
     if (pending) {
       std::vector<size_t> both;
-      std::set_intersection(unreachable_.begin(), unreachable_.end(),
+      std::set_intersection(unreachable.begin(), unreachable.end(),
                             earlier_unreachable.begin(), earlier_unreachable.end(),
                             std::back_inserter(both));
-      unreachable_ = std::move(both);
+      unreachable = std::move(both);
     }
   }
   hook_outputs(outputs_known ? outputs : std::vector<at::Tensor>{});
   mode_ = Mode::kSync;
-  expect_hooks_ = true;
-  finalized_ = false;
-  timing_->clock.begin_sample();
+  phase_ = Phase::kPrepared;
+  clock_->begin_sample();
 }
 
 void Reducer::forward_without_sync() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!(expect_hooks_ && first_hook_seen_)) expect_hooks_ = false;
-  finalized_ = false;
+  // A synchronised forward whose backward has not started is dropped (its
+  // graph may still be backpropagated: as local accumulation); one whose
+  // backward runs finishes it; a broken reducer stays broken.
+  if (phase_ == Phase::kPrepared || phase_ == Phase::kFinished) phase_ = Phase::kIdle;
   mode_ = Mode::kLocal;
 }
 
@@ -125,12 +118,12 @@ void Reducer::output_grad_seen() {
   // own end would otherwise finalize too early (PyTorch queues it from
   // _DDPSink for static_graph). Not otherwise: an autograd::grad() through
   // the outputs (a gradient penalty) would then finalize with no gradients.
-  if (expect_hooks_ && options_.static_graph) queue_finalize();
+  if (expecting() && options_.static_graph) queue_finalize();
 }
 
 void Reducer::queue_finalize() {
-  if (finalize_queued_) return;
-  finalize_queued_ = true;
+  if (iter_->finalize_queued) return;
+  iter_->finalize_queued = true;
   std::weak_ptr<Reducer> self = weak_from_this();
   torch::autograd::Engine::get_default_engine().queue_callback([self] {
     if (auto r = self.lock()) r->finalize_backward();
@@ -141,7 +134,7 @@ void Reducer::unexpected_gradient(size_t index) {
   const std::string& name = params_[index].name;
   if (mode_ == Mode::kLocal) {  // a no_sync micro-step: accumulate only
     used_since_sync_[index] = 1;
-    if (sync_requested_ && group_->impl().debug) {
+    if (sync_requested_ && options_.debug) {
       throw InvalidArgument(fmt::format(
           "DistributedDataParallel (debug mode): parameter '{}' got a gradient "
           "from a forward that ran inside no_sync(), after the no_sync guard "
@@ -154,7 +147,9 @@ void Reducer::unexpected_gradient(size_t index) {
     }
     return;
   }
-  if (finalized_ && outputs_hooked_ && output_grads_ > output_grads_at_finalize_) {
+  // Broken counts as finished: its backward got as far as the wait.
+  const bool finished = phase_ == Phase::kFinished || phase_ == Phase::kBroken;
+  if (finished && outputs_hooked_ && output_grads_ > output_grads_at_finalize_) {
     throw InvalidArgument(fmt::format(
         "DistributedDataParallel: backward() ran twice for one forward "
         "(parameter '{}' got a second gradient through the same forward's "
@@ -170,7 +165,7 @@ void Reducer::unexpected_gradient(size_t index) {
       "calling the wrapper, model(x); for a backward that should stay local, "
       "run that forward inside model.no_sync()",
       name,
-      finalized_ && !outputs_hooked_
+      finished && !outputs_hooked_
           ? "(or a second backward of one forward: the outputs could not be "
             "listed to tell) "
           : ""));
@@ -205,18 +200,19 @@ std::vector<size_t> Reducer::unreachable_from(
 
 void Reducer::autograd_hook(size_t index) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!expect_hooks_) {
+  if (!expecting()) {
     unexpected_gradient(index);
     return;
   }
-  if (!first_hook_seen_) {
-    first_hook_seen_ = true;
+  if (phase_ == Phase::kPrepared) {  // the first gradient of this backward
+    phase_ = Phase::kReducing;
     queue_finalize();  // the outputs could not be hooked
-    for (size_t i : unreachable_) mark_ready(i, /*produced=*/false);
+    for (size_t i : iter_->unreachable) mark_ready(i, /*produced=*/false);
   }
   if (options_.static_graph && !static_graph_hook(index)) return;
-  if (ready_[index]) {
-    const bool searched = std::binary_search(unreachable_.begin(), unreachable_.end(), index);
+  if (iter_->ready[index]) {
+    const std::vector<size_t>& unreachable = iter_->unreachable;
+    const bool searched = std::binary_search(unreachable.begin(), unreachable.end(), index);
     if (searched) {
       throw InvalidArgument(fmt::format(
           "DistributedDataParallel: parameter '{}' got a gradient although "
@@ -255,7 +251,7 @@ void Reducer::mark_ready(size_t index, bool produced) {
           p.name));
     }
     if (options_.gradient_as_bucket_view) {
-      if (!produced) p.saved_grad = grad.clone();
+      if (!produced) iter_->saved_grads[index] = grad.clone();
       if (!grad.is_alias_of(view)) {
         view.copy_(grad);
         p.tensor.mutable_grad() = view;
@@ -270,26 +266,24 @@ void Reducer::mark_ready(size_t index, bool produced) {
     view.zero_();
   }
   b.produced_data()[p.slot] = produced ? 1.0f : 0.0f;
-  ready_[index] = 1;
-  --b.pending;
-  if (!rebuild_done_ && iterations_ == 0) ready_order_.push_back(index);
+  iter_->ready[index] = 1;
+  --iter_->pending[p.bucket];
+  if (!rebuild_.done && iterations_ == 0) rebuild_.order.push_back(index);
 }
 
 void Reducer::launch_ready_buckets() {
-  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
-    launch(next_launch_++);
-  }
+  size_t& next = iter_->next_launch;
+  while (next < buckets_.size() && iter_->pending[next] == 0) launch(next++);
 }
 
 void Reducer::launch(size_t k) {
   Bucket& b = buckets_[k];
   at::NoGradGuard no_grad;
   if (local_only()) return;  // world size 1: nothing to launch, no communication
-  DeviceClock& clock = timing_->clock;
-  if (!clock.marked(DeviceClock::kFirstLaunch)) clock.mark(DeviceClock::kFirstLaunch);
+  if (!clock_->marked(DeviceClock::kFirstLaunch)) clock_->mark(DeviceClock::kFirstLaunch);
   if (options_.gradient_as_bucket_view && comm_->prescaled()) b.grads.mul_(b.scale);
   b.flags.copy_(b.produced, /*non_blocking=*/true);  // Note [CUDA buckets]
-  start_comm(k);
+  comm_->launch(bucket_io(k));
 }
 
 BucketIo Reducer::bucket_io(size_t k) const {
@@ -303,7 +297,7 @@ BucketIo Reducer::bucket_io(size_t k) const {
   for (size_t i : b.params) io.params.push_back(params_[i].tensor);
   io.offsets = b.offsets;
   io.iteration = iterations_;
-  io.divisor = divisor_;
+  io.divisor = now_.divisor;
   return io;
 }
 
@@ -313,14 +307,12 @@ std::vector<BucketIo> Reducer::bucket_io() const {
   return all;
 }
 
-void Reducer::start_comm(size_t k) { comm_->launch(bucket_io(k)); }
-
 void Reducer::shadow_backward() {
   std::lock_guard<std::mutex> lock(mu_);
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < buckets_.size(); ++k) {
     buckets_[k].flat.zero_();
-    start_comm(k);
+    comm_->launch(bucket_io(k));
   }
   // The reduced gradients land in this rank's .grad() too (PyTorch's
   // joined rank discards them): a JoinHook stepping an optimizer (ZeRO's
@@ -333,28 +325,20 @@ void Reducer::shadow_backward() {
 }
 
 void Reducer::fence_shared_buckets() {
-  if (std::none_of(buckets_.begin(), buckets_.end(),
-                   [](const Bucket& b) { return b.in_shared_memory; })) {
-    return;
-  }
-  ProcessGroupImpl& g = group_->impl();
-  try {
-    g.shm->fence(options_.timeout.value_or(g.timeout));
-  } catch (...) {
-    rethrow_as_comm_error("DistributedDataParallel: waiting for the peers to finish reading "
-                          "the shared gradient buckets");
+  if (std::any_of(buckets_.begin(), buckets_.end(),
+                  [](const Bucket& b) { return b.in_shared_memory; })) {
+    comm_->fence();
   }
 }
 
 void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!expect_hooks_) return;
-  timing_->clock.mark(DeviceClock::kComputeEnd);
-  expect_hooks_ = false;
-  finalized_ = true;
+  if (!expecting()) return;
+  clock_->mark(DeviceClock::kComputeEnd);
+  phase_ = Phase::kFinished;
   const bool learning = static_learning();
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!ready_[i]) mark_ready(i, /*produced=*/learning && hooks_seen_[i] > 0);
+    if (!iter_->ready[i]) mark_ready(i, /*produced=*/learning && iter_->hooks_seen[i] > 0);
   }
   if (learning) learn_static_graph();
   launch_ready_buckets();
@@ -362,12 +346,12 @@ void Reducer::finalize_backward() {
   try {
     wait_and_write_back(counts);
   } catch (...) {
-    broken_ = true;
+    phase_ = Phase::kBroken;
     throw;
   }
   // The first iteration includes set-up; at world size 1 nothing is
   // launched, so the communication times stay 0.
-  timing_->clock.end_sample(/*sampled=*/iterations_ > 0);
+  clock_->end_sample(/*sampled=*/iterations_ > 0);
   ++iterations_;
   output_grads_at_finalize_ = output_grads_;
   std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
@@ -395,8 +379,8 @@ void Reducer::wait_and_write_back(std::vector<float>& counts, bool shadow) {
       if (f[s] == 0.0f) {  // no rank produced it: leave .grad() as it was
         if (shadow) {  // as the training ranks' after their zero_grad()
           compat::clear_grad_as_zero_grad(grad);
-        } else if (p.saved_grad.defined()) {
-          grad = p.saved_grad;
+        } else if (iter_->saved_grads[b.params[s]].defined()) {
+          grad = iter_->saved_grads[b.params[s]];
         }
         continue;
       }
@@ -421,13 +405,13 @@ void Reducer::check_unused(const std::vector<float>& counts) {
   int64_t unused = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     int used_by = static_cast<int>(counts[i] + 0.5f);
-    if (used_by == users_) continue;
+    if (used_by == now_.users) continue;
     ++unused;
     if (options_.find_unused_parameters || options_.static_graph) continue;
     std::string where =
-        used_by == 0 ? fmt::format("unused on all {} ranks", users_)
+        used_by == 0 ? fmt::format("unused on all {} ranks", now_.users)
                      : fmt::format("{} on this rank; used on {} of {} ranks",
-                                   produced_here(i) ? "used" : "unused", used_by, users_);
+                                   produced_here(i) ? "used" : "unused", used_by, now_.users);
     problems.push_back(fmt::format("  {} ({})", params_[i].name, where));
   }
   unused_last_ = unused;
