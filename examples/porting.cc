@@ -94,11 +94,11 @@ int run(int argc, char** argv) {
       if (++step % kLogEvery == 0) {
         // Collective: every rank calls it at the same step (the sampler gives
         // every rank the same number of batches).
-        const double mean = ddp::reduce_mean(loss.item<double>());
+        const double mean = ddp::all_reduce_mean(loss.item<double>());
         ddp::print0f("epoch %d step %lld: loss %.4f", epoch, static_cast<long long>(step), mean);
       }
     }
-    const ddp::ReducedMetrics r = metrics.reduce();  // collective: the same on every rank
+    const ddp::ReducedMetrics r = metrics.all_reduce();  // collective: the same on every rank
     final_loss = r.value("loss");
     ddp::print0f("epoch %d: loss %.4f over %lld samples", epoch, final_loss,
                  static_cast<long long>(r.at("loss").weight));

@@ -49,7 +49,7 @@ ddp::ReducedMetrics train_epoch(ddp::DistributedDataParallel<Net>& model,
     m.add_count("correct", n_correct);            // exact int64
     m.add_count("samples", n);
   }
-  return m.reduce();  // collective: one all_reduce of values
+  return m.all_reduce();  // collective: one all_reduce of values
 }
 
 #include <ddp/logging.h>
@@ -85,7 +85,7 @@ void train(ddp::DistributedDataParallel<Net>& model, torch::optim::Optimizer& op
     ddp::ReducedMetrics r = train_epoch(model, optimizer, loader);
     step += static_cast<int64_t>(loader.size());
     report(static_cast<int>(epoch), r, loader.size());
-    ddp::CheckpointOptions o;
+    ddp::SaveOptions o;
     o.keep_last = 3;
     ddp::save_checkpoint(dir, *model.module(), &optimizer, epoch + 1, step, o);  // collective
   }

@@ -1,4 +1,4 @@
-// libFuzzer target: ddp::parse_checkpoint on arbitrary bytes.
+// libFuzzer target: ddp::detail::parse_checkpoint on arbitrary bytes.
 //
 // A checkpoint file is framed: magic, version, flags, payload, then the
 // payload's length and CRC-32 and an end marker (include/ddp/checkpoint.h).
@@ -22,6 +22,7 @@
 #include <cstring>
 #include <string>
 
+#include "checkpoint/checkpoint_format.h"
 #include "ddp/checkpoint.h"
 #include "ddp/error.h"
 
@@ -58,13 +59,13 @@ std::string frame(const char* payload, size_t size) {
 void parse_and_check(const std::string& bytes) {
   std::string first;
   try {
-    first = ddp::serialize_checkpoint(ddp::parse_checkpoint(bytes, kSource));
+    first = ddp::detail::serialize_checkpoint(ddp::detail::parse_checkpoint(bytes, kSource));
   } catch (const ddp::InvalidArgument& e) {
     if (std::strstr(e.what(), kSource) == nullptr) violated("error message does not name the source");
     return;
   }
   // What the loader accepts, the writer must write and the loader read back.
-  const std::string second = ddp::serialize_checkpoint(ddp::parse_checkpoint(first, kSource));
+  const std::string second = ddp::detail::serialize_checkpoint(ddp::detail::parse_checkpoint(first, kSource));
   if (first != second) violated("serialize(parse(x)) is not stable");
 }
 

@@ -1,6 +1,6 @@
 // Writes the fuzzers' seed corpus: small valid IDX files (each element type,
 // 0-d to 3-d, empty, plain and gzip, a two-member gzip) and small
-// checkpoints written by ddp::serialize_checkpoint (empty; a model of every
+// checkpoints written by ddp::detail::serialize_checkpoint (empty; a model of every
 // dtype code with metadata and RNG states; native and archive optimizer
 // snapshots). scripts/fuzz.sh --seeds runs it:
 //   fuzz_seeds <dir>   writes <dir>/idx/* and <dir>/checkpoint/*
@@ -22,9 +22,9 @@ namespace {
 
 using ddp::datasets::IdxArray;
 using ddp::datasets::IdxDtype;
-using ddp::detail::OptimizerField;
-using ddp::detail::OptimizerFields;
-using ddp::detail::OptimizerSnapshot;
+using ddp::OptimizerField;
+using ddp::OptimizerFields;
+using ddp::OptimizerState;
 
 // Writes one seed after checking that it parses: seeds must be valid files,
 // so that mutations start from the deep end of the parser.
@@ -32,7 +32,7 @@ void write_file(const std::string& path, const std::string& bytes) {
   if (path.find("/idx/") != std::string::npos) {
     ddp::datasets::parse_idx(bytes.data(), bytes.size(), path);
   } else {
-    ddp::parse_checkpoint(bytes, path);
+    ddp::detail::parse_checkpoint(bytes, path);
   }
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -94,10 +94,10 @@ OptimizerField field(const std::string& name, double real) {
   return f;
 }
 
-std::shared_ptr<const OptimizerSnapshot> sgd() {
-  auto s = std::make_shared<OptimizerSnapshot>();
+std::shared_ptr<const OptimizerState> sgd() {
+  auto s = std::make_shared<OptimizerState>();
   s->type = "SGD";
-  OptimizerSnapshot::Group g;
+  OptimizerState::Group g;
   g.options = {field("lr", 0.1), field("momentum", 0.9)};
   OptimizerField nesterov;
   nesterov.name = "nesterov";
@@ -122,11 +122,11 @@ std::shared_ptr<const OptimizerSnapshot> sgd() {
   return s;
 }
 
-std::shared_ptr<const OptimizerSnapshot> archive() {
-  auto s = std::make_shared<OptimizerSnapshot>();
+std::shared_ptr<const OptimizerState> archive() {
+  auto s = std::make_shared<OptimizerState>();
   s->type = "archive:LBFGS";
   s->archive = std::string("PK\x03\x04 libtorch archive bytes", 28);
-  OptimizerSnapshot::Group g;
+  OptimizerState::Group g;
   g.options = {field("lr", 1.0)};
   s->groups.push_back(g);
   return s;
@@ -134,7 +134,7 @@ std::shared_ptr<const OptimizerSnapshot> archive() {
 
 void checkpoint_seeds(const std::string& dir) {
   ddp::Checkpoint empty;
-  write_file(dir + "/empty.ddpckpt", ddp::serialize_checkpoint(empty));
+  write_file(dir + "/empty.ddpckpt", ddp::detail::serialize_checkpoint(empty));
 
   ddp::Checkpoint model;
   model.epoch = 2;
@@ -151,17 +151,17 @@ void checkpoint_seeds(const std::string& dir) {
   model.rng.push_back({values({16}, at::kByte), {}});
   model.rng.push_back({at::Tensor(), {values({8}, at::kByte), values({8}, at::kByte)}});
   model.metadata = {{"config", "{\"lr\": 0.1}"}, {"seed", "1"}};
-  write_file(dir + "/model-rng-metadata.ddpckpt", ddp::serialize_checkpoint(model));
+  write_file(dir + "/model-rng-metadata.ddpckpt", ddp::detail::serialize_checkpoint(model));
 
   ddp::Checkpoint with_sgd;
   with_sgd.model.insert("w", values({2}, at::kFloat));
   with_sgd.model.insert("v", values({1}, at::kFloat));
   with_sgd.optimizer = sgd();
-  write_file(dir + "/sgd.ddpckpt", ddp::serialize_checkpoint(with_sgd));
+  write_file(dir + "/sgd.ddpckpt", ddp::detail::serialize_checkpoint(with_sgd));
 
   ddp::Checkpoint with_archive;
   with_archive.optimizer = archive();
-  write_file(dir + "/optimizer-archive.ddpckpt", ddp::serialize_checkpoint(with_archive));
+  write_file(dir + "/optimizer-archive.ddpckpt", ddp::detail::serialize_checkpoint(with_archive));
 }
 
 }  // namespace

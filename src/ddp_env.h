@@ -57,12 +57,18 @@ struct DdpEnv {
   // seconds. Checked by its user (new_process_group), not by the read, so
   // that a bad value fails where it always has.
   std::optional<std::chrono::milliseconds> stall_warning() const;
-  // DDP_FLIGHT_RECORDER_ENTRIES, default 2000; 0 turns the recorder off.
-  // Throws InvalidArgument naming the variable when it is not a whole
-  // number in [0, 1048576].
-  uint32_t flight_recorder_entries() const;
+  // DDP_FLIGHT_RECORDER_ENTRIES, or `default_entries` when unset; 0 turns
+  // the recorder off. Throws InvalidArgument naming the variable when it is
+  // not a whole number in [0, max_entries]. (The bounds are the flight
+  // recorder's: flight::kDefaultCapacity, flight::kMaxCapacity.)
+  uint32_t flight_recorder_entries(uint32_t default_entries, uint32_t max_entries) const;
 };
 
 DdpEnv read_ddp_env();
+
+// Parses an environment variable as an integer. Returns nullopt when it is
+// unset or empty; throws InvalidArgument naming the variable otherwise when it
+// is not an integer.
+std::optional<long long> env_int(const char* name);
 
 }  // namespace ddp::detail

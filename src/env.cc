@@ -12,12 +12,12 @@
 #include "ddp/error.h"
 #include "ddp_env.h"
 #include "env_names.h"
-#include "flight/flight_format.h"
 
 namespace ddp {
 namespace {
 
 using namespace env_names;
+using detail::env_int;
 
 // Parses "[0-9]+" (and a leading '-') fully; nullopt on anything else.
 std::optional<long long> parse_int(const std::string& s) {
@@ -134,6 +134,7 @@ const char* to_string(LaunchSource source) {
   return "unknown";
 }
 
+namespace detail {
 std::optional<long long> env_int(const char* name) {
   std::string s = env_str(name);
   if (s.empty()) return std::nullopt;
@@ -144,6 +145,7 @@ std::optional<long long> env_int(const char* name) {
   }
   return v;
 }
+}  // namespace detail
 
 namespace {
 
@@ -284,18 +286,16 @@ DdpEnv read_ddp_env() {
   return env;
 }
 
-uint32_t DdpEnv::flight_recorder_entries() const {
-  if (flight_recorder_entries_text.empty()) return flight::kDefaultCapacity;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(flight_recorder_entries_text.c_str(), &end, 10);
-  if (*end != '\0' || errno != 0 || v < 0 || v > flight::kMaxCapacity) {
+uint32_t DdpEnv::flight_recorder_entries(uint32_t default_entries, uint32_t max_entries) const {
+  if (flight_recorder_entries_text.empty()) return default_entries;
+  const std::optional<long long> v = parse_int(flight_recorder_entries_text);
+  if (!v || *v < 0 || *v > max_entries) {
     throw InvalidArgument(fmt::format(
         "environment variable {}='{}' is not a number of entries in [0, {}] (0 turns the flight "
         "recorder off)",
-        kFlightRecorderEntries, flight_recorder_entries_text, flight::kMaxCapacity));
+        kFlightRecorderEntries, flight_recorder_entries_text, max_entries));
   }
-  return static_cast<uint32_t>(v);
+  return static_cast<uint32_t>(*v);
 }
 
 std::optional<std::chrono::milliseconds> DdpEnv::stall_warning() const {

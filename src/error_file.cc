@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -19,7 +20,7 @@
 #include "ddp/logging.h"
 #include "env_names.h"
 #include "flight/flight_recorder.h"
-#include "process_group_impl.h"
+#include "last_words.h"
 
 namespace ddp {
 namespace {
@@ -122,10 +123,10 @@ std::string out_of_step_message(const std::string& gloo_text) {
         record_error_message("ddp::MismatchError: " + message);
         // The flight record first: publishing goes through the store.
         flight::note_event_everywhere(("terminate: " + message.substr(0, 300)).c_str());
-        detail::publish_fatal_to_groups(message);  // Note [Last words]
+        detail::publish_last_words(message);  // Note [Last words]
       } else {
         record_error(e);
-        detail::publish_fatal_to_groups(type + ": " + what);
+        detail::publish_last_words(type + ": " + what);
       }
     } catch (...) {
       record_error_message("terminate called after an exception of unknown type");
@@ -163,6 +164,20 @@ bool record_error_message(const std::string& message) noexcept {
     return false;
   }
 }
+
+namespace detail {
+namespace {
+std::atomic<LastWordsPublisher> g_last_words{nullptr};
+}  // namespace
+
+void set_last_words_publisher(LastWordsPublisher publisher) noexcept {
+  g_last_words.store(publisher);
+}
+
+void publish_last_words(const std::string& message) noexcept {
+  if (LastWordsPublisher publish = g_last_words.load()) publish(message);
+}
+}  // namespace detail
 
 void install_error_file_handler() noexcept {
   static std::once_flag once;

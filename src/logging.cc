@@ -16,6 +16,7 @@
 #include "ddp/process_group.h"
 #include "ddp_env.h"
 #include "env_names.h"
+#include "log_level.h"
 
 namespace ddp {
 namespace {
@@ -32,7 +33,7 @@ int launch_rank() {
     return read_launch_env().rank;
   } catch (const Error&) {
     try {
-      const auto rank = env_int(env_names::kRank);
+      const auto rank = detail::env_int(env_names::kRank);
       return rank && *rank >= 0 && *rank <= INT32_MAX ? static_cast<int>(*rank) : 0;
     } catch (const Error&) {
       return 0;
@@ -101,7 +102,7 @@ LogLevel level_from_env() {
   const std::string v = detail::read_ddp_env().log_level;
   if (v.empty()) return LogLevel::kInfo;
   try {
-    return parse_log_level(v, env_names::kLogLevel);
+    return detail::parse_log_level(v, env_names::kLogLevel);
   } catch (const InvalidArgument& e) {
     write_all(stderr, std::string("ddp: ") + e.what() + "; using info\n");
     return LogLevel::kInfo;
@@ -121,7 +122,7 @@ const char* to_string(LogLevel level) {
   return "?";
 }
 
-LogLevel parse_log_level(const std::string& text, const std::string& what) {
+LogLevel detail::parse_log_level(const std::string& text, const std::string& what) {
   struct Name { const char* name; LogLevel level; };
   static const Name names[] = {
       {"debug", LogLevel::kDebug},     {"10", LogLevel::kDebug},

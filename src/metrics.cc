@@ -76,32 +76,32 @@ constexpr const char* kMetricsAdvice =
     "The metrics' reductions are collective: every rank of the group calls them, at the same "
     "point (a rank without data still calls them, adding nothing)";
 
-double reduce_sum(double value, const CollectiveOptions& options) {
-  const detail::CallScope call("reduce_sum", kMetricsAdvice);
+double all_reduce_sum(double value, const CollectiveOptions& options) {
+  const detail::CallScope call("all_reduce_sum", kMetricsAdvice);
   std::vector<double> v{value};
   all_reduce_doubles(v, options);
   return v[0];
 }
 
-double reduce_mean(double value, const CollectiveOptions& options) {
-  const detail::CallScope call("reduce_mean", kMetricsAdvice);
+double all_reduce_mean(double value, const CollectiveOptions& options) {
+  const detail::CallScope call("all_reduce_mean", kMetricsAdvice);
   std::vector<double> v{value};
   all_reduce_doubles(v, options);
   return v[0] / group_size(options);
 }
 
-double reduce_weighted_mean(double value_sum, double weight,
+double all_reduce_weighted_mean(double value_sum, double weight,
                             const CollectiveOptions& options) {
-  check_weight("reduce_weighted_mean", "weight", weight);
-  const detail::CallScope call("reduce_weighted_mean", kMetricsAdvice);
+  check_weight("all_reduce_weighted_mean", "weight", weight);
+  const detail::CallScope call("all_reduce_weighted_mean", kMetricsAdvice);
   std::vector<double> v{value_sum, weight};
   all_reduce_doubles(v, options);
   if (v[1] == 0) return std::numeric_limits<double>::quiet_NaN();
   return v[0] / v[1];
 }
 
-int64_t reduce_count(int64_t count, const CollectiveOptions& options) {
-  const detail::CallScope call("reduce_count", kMetricsAdvice);
+int64_t all_reduce_count(int64_t count, const CollectiveOptions& options) {
+  const detail::CallScope call("all_reduce_count", kMetricsAdvice);
   std::vector<int64_t> v{count};
   at::Tensor t = at::from_blob(v.data(), {1},
                                at::TensorOptions().dtype(at::kLong));
@@ -252,12 +252,12 @@ Layout decode_layout(const std::string& text) {
 // learn the names from the others (an all_gather of the layout, only then)
 // and contribute zeros. Ranks with different tensors in one all_reduce
 // would otherwise crash Gloo.
-ReducedMetrics Metrics::reduce(const CollectiveOptions& options) const {
-  const detail::CallScope call("Metrics::reduce", kMetricsAdvice);
+ReducedMetrics Metrics::all_reduce(const CollectiveOptions& options) const {
+  const detail::CallScope call("Metrics::all_reduce", kMetricsAdvice);
   Layout layout;
   for (const auto& [name, a] : metrics_) layout.emplace_back(name, a.kind);
   if (layout.size() >= (1u << 16)) {
-    throw InvalidArgument("Metrics::reduce: " + std::to_string(layout.size()) +
+    throw InvalidArgument("Metrics::all_reduce: " + std::to_string(layout.size()) +
                           " metrics; at most 65535 are supported");
   }
   const bool empty = layout.empty();
@@ -275,7 +275,7 @@ ReducedMetrics Metrics::reduce(const CollectiveOptions& options) const {
       names += (names.empty() ? "" : ", ") + name + ":" + ddp::to_string(kind);
     }
     throw MismatchError(
-        "Metrics::reduce: the ranks added different metric names or kinds; "
+        "Metrics::all_reduce: the ranks added different metric names or kinds; "
         "this rank has {" + names + "}. Add every metric on every rank (a "
         "rank that adds nothing at all contributes zeros to every metric)");
   }

@@ -95,6 +95,34 @@ void PowerSGDState::maybe_increase_iter(const GradBucket& bucket) {
   if (bucket.is_last) ++iter_;
 }
 
+bool PowerSGDState::compressing(const GradBucket& bucket) {
+  if (iter_ >= options_.start_powerSGD_iter) return true;
+  maybe_increase_iter(bucket);
+  return false;
+}
+
+at::Tensor PowerSGDState::add_error(size_t k, at::Tensor& input) {
+  if (!options_.use_error_feedback) return at::Tensor();
+  auto it = error_.find(k);
+  if (it != error_.end()) {
+    input.add_(it->second);
+  } else {
+    error_[k] = at::zeros({input.numel()}, input.options());
+  }
+  return input.detach().clone();
+}
+
+void PowerSGDState::end_bucket(const GradBucket& bucket, const at::Tensor& corrected,
+                               const at::Tensor& approximation) {
+  const size_t k = bucket.index;
+  if (options_.use_error_feedback) error_[k] = corrected - approximation;
+  if (!options_.warm_start) {  // PyTorch clears both maps; each bucket its own entry
+    p_memory_.erase(k);
+    q_memory_.erase(k);
+  }
+  maybe_increase_iter(bucket);
+}
+
 PowerSGDState::CompressionStats PowerSGDState::compression_stats() const {
   CompressionStats s;
   s.numel_before = numel_before_;
@@ -104,21 +132,6 @@ PowerSGDState::CompressionStats PowerSGDState::compression_stats() const {
 }
 
 namespace {
-
-// with use_error_feedback: adds the bucket's previous compression error to
-// the gradients (a zero error the first time); returns the corrected input
-// for the next error. Undefined without error feedback.
-at::Tensor apply_error_feedback(const PowerSGDOptions& o, std::map<size_t, at::Tensor>& error,
-                                size_t k, at::Tensor& input) {
-  if (!o.use_error_feedback) return at::Tensor();
-  auto it = error.find(k);
-  if (it != error.end()) {
-    input.add_(it->second);
-  } else {
-    error[k] = at::zeros({input.numel()}, input.options());
-  }
-  return input.detach().clone();
-}
 
 // PyTorch's split of a bucket: matrices worth compressing, grouped by shape
 // in order of appearance, and the rest; counts the compression statistics.
@@ -202,7 +215,8 @@ void pq_views(const Compressible& c, const at::Tensor& p_mem, const at::Tensor& 
 // bucket, then P's all_reduce, Q = Mᵀ·P, Q's all_reduce, M ≈ P·Qᵀ.
 struct Decompress {
   GradBucket bucket;
-  std::vector<at::Tensor> uncompressed, ps, qs;
+  std::vector<at::Tensor> uncompressed;
+  std::vector<at::Tensor> ps, qs;  // views into p_mem and q_mem (pq_views)
   Compressible c;
   at::Tensor p_mem, q_mem;
   double epsilon = 0;
@@ -233,13 +247,10 @@ struct Decompress {
 
 BucketWork powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
   const PowerSGDOptions& o = state.options_;
-  if (state.iter_ < o.start_powerSGD_iter) {
-    state.maybe_increase_iter(bucket);
-    return allreduce_hook(bucket);
-  }
+  if (!state.compressing(bucket)) return allreduce_hook(bucket);
   at::Tensor input = bucket.buffer;
   const size_t k = bucket.index;
-  at::Tensor input_copy = apply_error_feedback(o, state.error_, k, input);
+  at::Tensor input_copy = state.add_error(k, input);
   Split split = split_gradients(bucket, o, state.numel_before_, state.numel_after_);
   at::Tensor flat_uncompressed = concat_or_empty(split.uncompressed, input.options());
   const bool randomize = !o.warm_start || !state.p_memory_.count(k);
@@ -249,8 +260,13 @@ BucketWork powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
   }
   // The continuation holds this bucket's P and Q memory itself: without
   // warm_start another bucket's continuation may drop the map entries first.
-  Decompress d{bucket, split.uncompressed, {}, {}, batch_matrices(split, o.batch_tensors_with_same_shape),
-               state.p_memory_[k], state.q_memory_[k], o.orthogonalization_epsilon};
+  Decompress d;
+  d.bucket = bucket;
+  d.uncompressed = split.uncompressed;
+  d.c = batch_matrices(split, o.batch_tensors_with_same_shape);
+  d.p_mem = state.p_memory_[k];
+  d.q_mem = state.q_memory_[k];
+  d.epsilon = o.orthogonalization_epsilon;
   pq_views(d.c, d.p_mem, d.q_mem, o.matrix_approximation_rank, d.ps, d.qs);
   at::Generator gen;
   if (randomize) gen = at::detail::createCPUGenerator(state.next_seed());
@@ -262,24 +278,16 @@ BucketWork powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
   Work first = all_reduce_async(flat_uncompressed, ReduceOp::SUM, bucket.collective);
   PowerSGDState* st = &state;
   return BucketWork(std::move(first), flat_uncompressed)
-      .then([st, d, k, input, input_copy](at::Tensor sum) mutable {
+      .then([st, d, input, input_copy](at::Tensor sum) mutable {
         d(std::move(sum));
-        if (st->options_.use_error_feedback) st->error_[k] = input_copy - input;
-        if (!st->options_.warm_start) {  // PyTorch clears both maps; each bucket its own entry
-          st->p_memory_.erase(k);
-          st->q_memory_.erase(k);
-        }
-        st->maybe_increase_iter(d.bucket);
+        st->end_bucket(d.bucket, input_copy, input);
         return input;
       });
 }
 
 BucketWork batched_powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
   const PowerSGDOptions& o = state.options_;
-  if (state.iter_ < o.start_powerSGD_iter) {
-    state.maybe_increase_iter(bucket);
-    return allreduce_hook(bucket);
-  }
+  if (!state.compressing(bucket)) return allreduce_hook(bucket);
   at::Tensor input = bucket.buffer;
   const int64_t total = input.numel();
   const int64_t side = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(total))));
@@ -291,16 +299,7 @@ BucketWork batched_powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
   at::Tensor padded = at::zeros({side * side}, input.options());
   padded.narrow(0, 0, total).copy_(input);
   const size_t k = bucket.index;
-  at::Tensor padded_copy;
-  if (o.use_error_feedback) {
-    auto it = state.error_.find(k);
-    if (it != state.error_.end()) {
-      padded.add_(it->second);
-    } else {
-      state.error_[k] = at::zeros({side * side}, input.options());
-    }
-    padded_copy = padded.detach().clone();
-  }
+  at::Tensor padded_copy = state.add_error(k, padded);
   at::Tensor matrix = padded.view({side, side});
   if (!o.warm_start || !state.p_memory_.count(k)) {
     state.p_memory_[k] = at::empty({side, r}, input.options());
@@ -314,21 +313,15 @@ BucketWork batched_powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
   Work first = all_reduce_async(p_mem, ReduceOp::SUM, bucket.collective);
   PowerSGDState* st = &state;
   return BucketWork(std::move(first), p_mem)
-      .then([st, bucket, k, matrix, padded, padded_copy, input, total,
+      .then([st, bucket, matrix, padded, padded_copy, input, total,
              q = q_mem](at::Tensor p) mutable {
-        const PowerSGDOptions& o = st->options_;
         orthogonalize(p, 0);
         at::matmul_out(q, matrix.t(), p);
         all_reduce(q, ReduceOp::SUM, bucket.collective);
         q.div_(bucket.divisor);
         at::matmul_out(matrix, p, q.t());
-        if (o.use_error_feedback) st->error_[k] = padded_copy - padded;
-        if (!o.warm_start) {
-          st->p_memory_.erase(k);
-          st->q_memory_.erase(k);
-        }
+        st->end_bucket(bucket, padded_copy, padded);
         input.copy_(padded.narrow(0, 0, total));
-        st->maybe_increase_iter(bucket);
         return input;
       });
 }

@@ -11,6 +11,7 @@
 #include "ddp/error.h"
 #include "ddp/logging.h"
 #include "ddp_env.h"
+#include "last_words.h"
 #include "process_group_impl.h"
 #include "rendezvous.h"
 
@@ -20,14 +21,14 @@ namespace {
 // Note [Shared-memory all-reduce] (shm/shm_group.h), set up after the Gloo
 // backend. Every rank takes the same decision; rank 0 warns once when
 // co-located ranks cannot use it.
-void start_shared_memory(const InitOptions& o, const detail::Rendezvous& r,
+void start_shared_memory(const InitOptions& o, const detail::Rendezvous& r, bool env_allows,
                          detail::ProcessGroupImpl& g) {
   shm::ShmSetup s;
   s.store = r.store;
   s.rank = r.rank;
   s.size = r.size;
   s.timeout = o.timeout;
-  s.enabled = o.shared_memory && detail::read_ddp_env().shared_memory;
+  s.enabled = o.shared_memory && env_allows;
   s.gloo_address = r.gloo_address;
   s.gloo_threads = o.gloo_threads;
   s.staging_bytes = o.shared_memory_staging_bytes;
@@ -42,9 +43,9 @@ void start_shared_memory(const InitOptions& o, const detail::Rendezvous& r,
 // The flight recorder of the group (ddp/flight_recorder.h), after the
 // rendezvous: its file is named by the group and the rank.
 void start_flight_recorder(const InitOptions& o, const detail::Rendezvous& r, uint32_t entries,
-                           detail::ProcessGroupImpl& g) {
+                           const std::string& dir, int local_rank, detail::ProcessGroupImpl& g) {
   flight::RecorderSetup s;
-  s.dir = detail::read_ddp_env().flight_recorder_dir;
+  s.dir = dir;
   s.capacity = entries;
   s.group = o.group_name;
   s.backend = o.backend;
@@ -53,7 +54,7 @@ void start_flight_recorder(const InitOptions& o, const detail::Rendezvous& r, ui
   s.host = host;
   s.rank = r.rank;
   s.world_size = r.size;
-  s.local_rank = get_local_rank();
+  s.local_rank = local_rank;
   g.flight = flight::FlightRecorder::create(s);
   if (g.flight) flight::install_signal_handlers();
 }
@@ -122,8 +123,10 @@ namespace detail {
 namespace {
 std::mutex g_live_mu;
 std::vector<ProcessGroupImpl*> g_live;  // guarded by g_live_mu
-}  // namespace
 
+// Note [Last words] (last_words.h): leaves `message` in the store of every
+// live group of this process ("rank R: message"); best effort, never blocks
+// on a lock.
 void publish_fatal_to_groups(const std::string& message) noexcept {
   std::unique_lock<std::mutex> lock(g_live_mu, std::try_to_lock);
   if (!lock.owns_lock()) return;
@@ -131,6 +134,7 @@ void publish_fatal_to_groups(const std::string& message) noexcept {
     if (g->monitor) g->monitor->publish_fatal(fmt::format("rank {}: {}", g->rank, message));
   }
 }
+}  // namespace
 }  // namespace detail
 
 c10::Device ProcessGroup::device() const { return impl_->device; }
@@ -144,6 +148,7 @@ const std::string& ProcessGroup::shared_memory_off_reason() const {
 
 ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl)
     : impl_(std::move(impl)) {
+  detail::set_last_words_publisher(&detail::publish_fatal_to_groups);
   std::lock_guard<std::mutex> lock(detail::g_live_mu);
   detail::g_live.push_back(impl_.get());
 }
@@ -190,16 +195,21 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
     throw InvalidArgument(fmt::format(
         "InitOptions::gloo_threads must be >= 1 (got {})", options.gloo_threads));
   }
-  // Checked before the rendezvous, so that a bad value fails every rank at once.
+  // ddp's variables and the launcher's, read once for the group (and
+  // checked before the rendezvous, so that a bad value fails every rank at
+  // once).
   const detail::DdpEnv env = detail::read_ddp_env();
-  const uint32_t flight_entries = env.flight_recorder_entries();
+  const LaunchEnv launch = read_launch_env();
+  const uint32_t flight_entries =
+      env.flight_recorder_entries(flight::kDefaultCapacity, flight::kMaxCapacity);
   if (flight_entries > 0 && !env.flight_recorder_dir.empty()) {
     flight::prepare_directory(env.flight_recorder_dir);
   }
   // Also before the rendezvous: its waiting ranks report at the stall
   // warning's interval.
   const detail::MonitorOptions monitoring = monitor_options(options, env);
-  detail::Rendezvous r = detail::rendezvous(options, monitoring.warn_after);
+  detail::Rendezvous r = detail::rendezvous(
+      options, {monitoring.warn_after, env.gloo_socket_ifname, env.rendezvous_file, launch});
   auto impl = std::make_unique<detail::ProcessGroupImpl>();
   impl->rank = r.rank;
   impl->size = r.size;
@@ -224,13 +234,14 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
         r.rank, r.size, options.backend, r.address, r.gloo_address,
         compat::what_without_backtrace(e)));
   }
-  if (options.backend == "gloo") start_shared_memory(options, r, *impl);
+  if (options.backend == "gloo") start_shared_memory(options, r, env.shared_memory, *impl);
   impl->debug = monitoring.debug;
   if (r.size > 1) {
     impl->monitor = std::make_unique<detail::CollectiveMonitor>(
         r.store, r.publish_store, r.rank, r.size, monitoring);
   }
-  start_flight_recorder(options, r, flight_entries, *impl);
+  start_flight_recorder(options, r, flight_entries, env.flight_recorder_dir, launch.local_rank,
+                        *impl);
   return std::make_shared<ProcessGroup>(std::move(impl));
 }
 

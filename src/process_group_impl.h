@@ -79,10 +79,4 @@ c10::intrusive_ptr<c10d::Work> backend_broadcast(ProcessGroupImpl& group,
                                                  std::vector<at::Tensor>& tensors,
                                                  const c10d::BroadcastOptions& options);
 
-// Note [Last words]: leaves `message` in the store of every live group of
-// this process ("rank R: message"), for the ranks that will see this one's
-// connections close (CollectiveMonitor::fatal_notes). Called by the
-// terminate handler (error_file.cc); best effort, never blocks on a lock.
-void publish_fatal_to_groups(const std::string& message) noexcept;
-
 }  // namespace ddp::detail

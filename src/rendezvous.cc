@@ -24,7 +24,6 @@
 #include "ddp/env.h"
 #include "ddp/error.h"
 #include "ddp/logging.h"
-#include "ddp_env.h"
 #include "port_holder.h"
 #include "rendezvous_arrival.h"
 
@@ -218,11 +217,10 @@ std::pair<std::string, int> parse_host_port(const std::string& rest,
   return {host, static_cast<int>(port)};
 }
 
-std::string gloo_address_for(const std::string& options_address,
-                             const std::string& master_host) {
+std::string gloo_address_for(const std::string& options_address, const std::string& master_host,
+                             const RendezvousInputs& in) {
   if (!options_address.empty()) return options_address;
-  const std::string ifname = read_ddp_env().gloo_socket_ifname;
-  if (!ifname.empty()) return "if:" + ifname;
+  if (!in.gloo_socket_ifname.empty()) return "if:" + in.gloo_socket_ifname;
   if (master_host.empty()) return "";
   return local_address_towards(master_host);
 }
@@ -256,9 +254,9 @@ c10::intrusive_ptr<c10d::Store> connect_tcp(const std::string& host, int port,
 
 // env://: rank and size from InitOptions where set, else the launcher's
 // variables; torchrun's agent may host the store (see env.h).
-c10::intrusive_ptr<c10d::Store> env_store(const InitOptions& o, Rendezvous& r,
-                                          bool& hosts_store) {
-  LaunchEnv env = read_launch_env();
+c10::intrusive_ptr<c10d::Store> env_store(const InitOptions& o, const RendezvousInputs& in,
+                                          Rendezvous& r, bool& hosts_store) {
+  const LaunchEnv& env = in.launch;
   r.rank = o.rank >= 0 ? o.rank : env.rank;
   r.size = o.world_size >= 1 ? o.world_size : env.world_size;
   if (r.rank >= r.size) {
@@ -269,8 +267,8 @@ c10::intrusive_ptr<c10d::Store> env_store(const InitOptions& o, Rendezvous& r,
                           : "WORLD_SIZE, 1 when unset"));
   }
   r.address = fmt::format("{}:{}", env.master_addr, env.master_port);
-  r.gloo_address = gloo_address_for(o.gloo_address, env.master_addr);
-  const std::string file = read_ddp_env().rendezvous_file;
+  r.gloo_address = gloo_address_for(o.gloo_address, env.master_addr, in);
+  const std::string& file = in.rendezvous_file;
   if (!file.empty() && !env.use_agent_store) {
     // ddprun --standalone: a file in its private run directory, so nothing
     // listens on the network (Gloo binds 127.0.0.1 for a loopback master).
@@ -295,7 +293,7 @@ c10::intrusive_ptr<c10d::Store> env_store(const InitOptions& o, Rendezvous& r,
 
 // tcp://, file:// and memory://: rank and size from InitOptions.
 c10::intrusive_ptr<c10d::Store> explicit_store(const InitOptions& o,
-                                               Rendezvous& r,
+                                               const RendezvousInputs& in, Rendezvous& r,
                                                bool& hosts_store) {
   const std::string& m = o.init_method;
   require_rank_and_size(o, m);
@@ -304,7 +302,7 @@ c10::intrusive_ptr<c10d::Store> explicit_store(const InitOptions& o,
   if (m.rfind("tcp://", 0) == 0) {
     auto [host, port] = parse_host_port(m.substr(6), m);
     r.address = fmt::format("{}:{}", host, port);
-    r.gloo_address = gloo_address_for(o.gloo_address, host);
+    r.gloo_address = gloo_address_for(o.gloo_address, host, in);
     hosts_store = r.rank == 0;
     r.tcp_host = host;
     r.tcp_port = port;
@@ -315,11 +313,11 @@ c10::intrusive_ptr<c10d::Store> explicit_store(const InitOptions& o,
     if (r.address.empty()) {
       throw InvalidArgument("init_method 'file://' needs a path: file:///abs/path");
     }
-    r.gloo_address = gloo_address_for(o.gloo_address, "");
+    r.gloo_address = gloo_address_for(o.gloo_address, "", in);
     return c10::make_intrusive<c10d::FileStore>(r.address, r.size);
   }
   r.address = m;
-  r.gloo_address = gloo_address_for(o.gloo_address, "127.0.0.1");
+  r.gloo_address = gloo_address_for(o.gloo_address, "127.0.0.1", in);
   return memory_store(m.substr(9));
 }
 
@@ -376,21 +374,21 @@ std::string local_address_towards(const std::string& host) {
   return out;
 }
 
-Rendezvous rendezvous(const InitOptions& o, std::chrono::milliseconds report_every) {
+Rendezvous rendezvous(const InitOptions& o, const RendezvousInputs& in) {
   if (o.timeout.count() <= 0) {
     throw InvalidArgument(fmt::format(
         "InitOptions::timeout must be > 0 (got {} ms)", o.timeout.count()));
   }
   const std::string& m = o.init_method;
   Rendezvous r;
-  r.report_every = report_every;
+  r.report_every = in.report_every;
   bool hosts_store = false;
   c10::intrusive_ptr<c10d::Store> base;
   if (m == "env://" || m.empty()) {
-    base = env_store(o, r, hosts_store);
+    base = env_store(o, in, r, hosts_store);
   } else if (m.rfind("tcp://", 0) == 0 || m.rfind("file://", 0) == 0 ||
              m.rfind("memory://", 0) == 0) {
-    base = explicit_store(o, r, hosts_store);
+    base = explicit_store(o, in, r, hosts_store);
   } else {
     throw InvalidArgument(fmt::format(
         "unknown init_method '{}': expected env://, tcp://host:port, "
@@ -403,7 +401,7 @@ Rendezvous rendezvous(const InitOptions& o, std::chrono::milliseconds report_eve
   const bool tcp = r.tcp_port != 0;
   // Note [Arrival protocol] (rendezvous_arrival.h).
   check_arrivals(
-      Arrival{*r.store, r.rank, r.size, r.address, o.timeout, hosts_store, tcp, report_every});
+      Arrival{*r.store, r.rank, r.size, r.address, o.timeout, hosts_store, tcp, in.report_every});
   r.publish_store = tcp ? publish_store(r, prefix) : r.store;
   return r;
 }

@@ -10,9 +10,20 @@
 #include <chrono>
 #include <string>
 
+#include "ddp/env.h"
 #include "ddp/process_group.h"
 
 namespace ddp::detail {
+
+// What the rendezvous takes from outside InitOptions, read once by
+// new_process_group (ddp_env.h, ddp/env.h).
+struct RendezvousInputs {
+  // How often a waiting rank says so (the stall warning's interval; 0: silent).
+  std::chrono::milliseconds report_every{0};
+  std::string gloo_socket_ifname;  // DdpEnv::gloo_socket_ifname
+  std::string rendezvous_file;     // DdpEnv::rendezvous_file
+  LaunchEnv launch;                // env://'s rank, size, master, agent store
+};
 
 struct Rendezvous {
   c10::intrusive_ptr<c10d::Store> store;  // prefixed for this group
@@ -29,16 +40,16 @@ struct Rendezvous {
   std::string tcp_host;
   int tcp_port = 0;
   std::string tcp_prefix;
-  // Input, from rendezvous()'s argument: how often a waiting rank says so.
+  // Input, from RendezvousInputs: how often a waiting rank says so.
   std::chrono::milliseconds report_every{0};
 };
 
 // Parses options.init_method, creates or connects to the store, and waits
 // until options' world size of distinct ranks have arrived (see
 // process_group.h for the errors). A rank that waits (for the store's host,
-// or for the ranks missing) says so in a warning every `report_every` (the
-// stall warning's interval; 0: silent), naming whom it waits for.
-Rendezvous rendezvous(const InitOptions& options, std::chrono::milliseconds report_every);
+// or for the ranks missing) says so in a warning every
+// `inputs.report_every`, naming whom it waits for.
+Rendezvous rendezvous(const InitOptions& options, const RendezvousInputs& inputs);
 
 // The local IP address whose route reaches `host` (the address other
 // machines can reach this one on); "127.0.0.1" for a loopback host. Throws

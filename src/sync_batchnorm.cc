@@ -186,8 +186,8 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
 }  // namespace
 
 SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options_,
-                                     ProcessGroupPtr group_)
-    : options(options_), group(std::move(group_)) {
+                                     ProcessGroupPtr process_group_)
+    : options(options_), process_group(std::move(process_group_)) {
   if (options.num_features() <= 0) {
     throw InvalidArgument(fmt::format(
         "SyncBatchNorm: num_features must be positive, got {}", options.num_features()));
@@ -291,7 +291,7 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
     num_batches_tracked += 1;
     if (!options.momentum()) factor = 1.0 / num_batches_tracked.item<double>();
   }
-  ProcessGroupPtr g = group;
+  ProcessGroupPtr g = process_group;
   if (is_training() && !g && is_initialized()) g = default_group();
   if (!is_training() || !g || g->size() == 1) {
     return torch::nn::functional::detail::batch_norm(
@@ -361,7 +361,7 @@ void find_swaps(torch::nn::Module& m, const std::string& path, const ProcessGrou
 
 }  // namespace
 
-int convert_sync_batchnorm(torch::nn::Module& module, ProcessGroupPtr group) {
+int convert_sync_batchnorm(torch::nn::Module& module, ProcessGroupPtr process_group) {
   if (dynamic_cast<torch::nn::BatchNorm1dImpl*>(&module) ||
       dynamic_cast<torch::nn::BatchNorm2dImpl*>(&module) ||
       dynamic_cast<torch::nn::BatchNorm3dImpl*>(&module)) {
@@ -371,7 +371,7 @@ int convert_sync_batchnorm(torch::nn::Module& module, ProcessGroupPtr group) {
         module.name()));
   }
   std::vector<Swap> swaps;
-  find_swaps(module, "", group, swaps);
+  find_swaps(module, "", process_group, swaps);
   // A layer reachable twice (a shared Sequential, or one layer at two
   // places) gets one replacement, installed once per place.
   std::map<torch::nn::Module*, std::shared_ptr<SyncBatchNormImpl>> replacement;

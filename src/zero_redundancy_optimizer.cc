@@ -14,7 +14,6 @@
 #include <numeric>
 #include <unordered_set>
 
-#include "checkpoint/checkpoint_format.h"
 #include "ddp/collectives.h"
 #include "ddp/error.h"
 #include "model_sync.h"
@@ -26,7 +25,7 @@ namespace {
 namespace optim = torch::optim;
 
 // Note [ZeRO state]
-// The full state is an OptimizerSnapshot (checkpoint_format.h) of the
+// The full state is an OptimizerState (ddp/optimizer_state.h) of the
 // equivalent unsharded optimizer: per group its options and, per parameter
 // in param_groups() order, its state. A rank's shard optimizer has the same
 // groups holding only the parameters it owns, in the same relative order,
@@ -106,7 +105,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
     Factory factory, ZeroRedundancyOptimizerOptions options)
     : Optimizer(std::move(groups), std::move(defaults)),
       factory_(std::move(factory)),
-      group_(options.group ? options.group : (is_initialized() ? default_group() : nullptr)) {
+      group_(options.process_group ? options.process_group
+                                     : (is_initialized() ? default_group() : nullptr)) {
   const int world = group_ ? group_->size() : 1;
   check_params_on_every_rank();
   if (world > 1) check_same_params_on_every_rank();

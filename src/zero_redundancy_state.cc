@@ -10,25 +10,24 @@
 #include <cstring>
 
 #include "call_scope.h"
-#include "checkpoint/checkpoint_format.h"
 #include "ddp/collectives.h"
 #include "ddp/error.h"
 #include "ddp/zero_redundancy_optimizer.h"
+#include "optimizer_state.h"
 
 namespace ddp {
 namespace {
 
-using detail::OptimizerSnapshot;
 
 constexpr const char* kArchiveKey = "ddp_zero_redundancy_optimizer_state";
 
-std::string to_bytes(const OptimizerSnapshot& s) {
+std::string to_bytes(const OptimizerState& s) {
   detail::ByteWriter w;
   detail::write_optimizer(w, s);
   return std::move(w.bytes());
 }
 
-OptimizerSnapshot from_bytes(const char* data, size_t size, const std::string& source) {
+OptimizerState from_bytes(const char* data, size_t size, const std::string& source) {
   detail::ByteReader r(data, size, source);
   return detail::read_optimizer(r, at::kCPU);
 }
@@ -64,7 +63,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) const {
   }
   check_partition_current();
   sync_options_to_local();
-  OptimizerSnapshot local = detail::capture_optimizer(*local_);
+  OptimizerState local = detail::capture_optimizer(*local_);
   if (local.type.rfind("archive:", 0) == 0) {
     throw InvalidArgument(
         "ZeroRedundancyOptimizer::consolidate_state_dict: the shard optimizer is of type " +
@@ -81,7 +80,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) const {
   dropped_by_step_ = false;
   consolidated_to_ = to;
   if (rank != to) return;
-  auto full = std::make_shared<OptimizerSnapshot>();
+  auto full = std::make_shared<OptimizerState>();
   full->type = local.type;
   for (size_t g = 0; g < owner_.size(); ++g) {
     full->groups.emplace_back();
@@ -90,7 +89,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) const {
   }
   for (int r = 0; r < world; ++r) {
     const std::string& b = shards[static_cast<size_t>(r)];
-    OptimizerSnapshot s = from_bytes(b.data(), b.size(), fmt::format("rank {}'s shard", r));
+    OptimizerState s = from_bytes(b.data(), b.size(), fmt::format("rank {}'s shard", r));
     for (size_t g = 0; g < owner_.size(); ++g) {
       size_t j = 0;  // the position among rank r's parameters of group g
       for (size_t i = 0; i < owner_[g].size(); ++i) {
@@ -102,7 +101,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) const {
   consolidated_ = std::move(full);
 }
 
-std::shared_ptr<const OptimizerSnapshot> ZeroRedundancyOptimizer::state_dict() const {
+std::shared_ptr<const OptimizerState> ZeroRedundancyOptimizer::state_dict() const {
   const int rank = group_ ? group_->rank() : 0;
   if (!consolidated_ && dropped_by_step_) {
     throw InvalidArgument(
@@ -126,7 +125,7 @@ std::shared_ptr<const OptimizerSnapshot> ZeroRedundancyOptimizer::state_dict() c
   return consolidated_;
 }
 
-void ZeroRedundancyOptimizer::load_state_dict(const OptimizerSnapshot& state,
+void ZeroRedundancyOptimizer::load_state_dict(const OptimizerState& state,
                                               const std::string& source) {
   const std::string where = "ZeroRedundancyOptimizer::load_state_dict: '" + source + "'";
   if (state.type.rfind("archive:", 0) == 0) {
@@ -143,7 +142,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const OptimizerSnapshot& state,
   check_partition_current();
   detail::restore_optimizer(state, *factory_(param_groups()), source);
   const int rank = group_ ? group_->rank() : 0;
-  OptimizerSnapshot mine;
+  OptimizerState mine;
   mine.type = state.type;
   for (size_t g = 0; g < owner_.size(); ++g) {
     const auto& sg = state.groups[g];

@@ -3,6 +3,7 @@
 // uninterrupted run; files, latest and keep_last; a crash before the rename;
 // truncated, corrupt, foreign and mutated files give InvalidArgument (never
 // a crash); collective save/load over 2 ranks; torch.load in Python.
+#include "checkpoint/checkpoint_format.h"
 #include "ddp/checkpoint.h"
 
 #include <ATen/ops/equal.h>
@@ -178,7 +179,7 @@ TEST_P(OptimizerTest, RoundTripRestoresEverythingBitExactly) {
   // As a scheduler would: the restored optimizer must use this lr.
   opt->param_groups()[0].options().set_lr(0.0375);
   Checkpoint saved = capture_checkpoint(*net, opt.get(), 2, 3);
-  Checkpoint loaded = parse_checkpoint(serialize_checkpoint(saved), "memory");
+  Checkpoint loaded = detail::parse_checkpoint(detail::serialize_checkpoint(saved), "memory");
 
   Net other;  // other initial values
   auto other_opt = make_optimizer(GetParam(), other);
@@ -258,7 +259,7 @@ TEST(Checkpoint, FilesLatestAndKeepLast) {
   EXPECT_FALSE(latest_checkpoint_path(dir.path + "/missing").has_value());
   EXPECT_FALSE(load_latest_checkpoint(dir.path).has_value());
   Net net;
-  CheckpointOptions o;
+  SaveOptions o;
   o.keep_last = 2;
   o.metadata = {{"config", "{\"lr\": 0.1}"}};
   for (int epoch = 1; epoch <= 3; ++epoch) {
@@ -328,7 +329,7 @@ TEST(Checkpoint, ACrashBeforeTheRenameLeavesThePreviousCheckpoint) {
   save_checkpoint(dir.path, *net, nullptr, 1, 10);
   // What a writer killed between write and rename leaves: a partial
   // temporary file (and possibly the next model file).
-  std::string full = serialize_checkpoint(capture_checkpoint(*net, nullptr, 2, 20));
+  std::string full = detail::serialize_checkpoint(capture_checkpoint(*net, nullptr, 2, 20));
   std::string tmp = dir.path + "/.checkpoint-epoch000002-step000000000020.ddpckpt.tmp.4242";
   write_file(tmp, full.substr(0, full.size() / 2));
   auto ckpt = load_latest_checkpoint(dir.path);
@@ -385,7 +386,7 @@ TEST(Checkpoint, TruncatedAndCorruptFilesNameTheFileAndTheProblem) {
   Net net;
   optim::SGD opt(net->parameters(), optim::SGDOptions(0.1).momentum(0.9));
   train(net, opt, 1);
-  const std::string good = serialize_checkpoint(capture_checkpoint(*net, &opt, 1, 1));
+  const std::string good = detail::serialize_checkpoint(capture_checkpoint(*net, &opt, 1, 1));
   const std::string path = dir.path + "/c.ddpckpt";
   struct Case { std::string bytes, expect; };
   std::string flipped = good;
@@ -414,9 +415,9 @@ TEST(Checkpoint, EveryTruncationAndMutationIsAnInvalidArgument) {
   Net net(2);
   optim::Adam opt(net->parameters(), optim::AdamOptions(0.01).amsgrad(true));
   train(net, opt, 1);
-  const std::string good = serialize_checkpoint(capture_checkpoint(*net, &opt, 1, 1));
+  const std::string good = detail::serialize_checkpoint(capture_checkpoint(*net, &opt, 1, 1));
   for (size_t n = 0; n < good.size(); n += 7) {
-    EXPECT_THROW(parse_checkpoint(good.substr(0, n), "cut"), InvalidArgument) << n;
+    EXPECT_THROW(detail::parse_checkpoint(good.substr(0, n), "cut"), InvalidArgument) << n;
   }
   // Mutations with a valid CRC reach the field parser.
   std::mt19937 rng(5);
@@ -430,7 +431,7 @@ TEST(Checkpoint, EveryTruncationAndMutationIsAnInvalidArgument) {
     }
     refresh_crc(b);
     try {
-      parse_checkpoint(b, "mutant");
+      detail::parse_checkpoint(b, "mutant");
       ++parsed;  // a mutation inside tensor data is still a valid file
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("checkpoint 'mutant'"), std::string::npos);

@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
       ddp::restore_checkpoint(*ckpt, *net, &opt);
       epoch = ckpt->epoch;
     }
-    ddp::CheckpointOptions options;
+    ddp::SaveOptions options;
     options.keep_last = 2;
     for (bool first = true;; first = false) {
       opt.zero_grad();

@@ -304,14 +304,14 @@ TEST_F(EnvTest, EveryErrorNamesTheVariable) {
 }
 
 TEST_F(EnvTest, EnvIntParsesOrNamesTheVariable) {
-  EXPECT_EQ(env_int("RANK"), std::nullopt);
+  EXPECT_EQ(detail::env_int("RANK"), std::nullopt);
   setenv("RANK", "42", 1);
-  EXPECT_EQ(env_int("RANK"), 42);
+  EXPECT_EQ(detail::env_int("RANK"), 42);
   setenv("RANK", "-7", 1);
-  EXPECT_EQ(env_int("RANK"), -7);
+  EXPECT_EQ(detail::env_int("RANK"), -7);
   setenv("RANK", "4.5", 1);
   try {
-    env_int("RANK");
+    detail::env_int("RANK");
     FAIL() << "no error for RANK=4.5";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("RANK='4.5'"), std::string::npos) << e.what();

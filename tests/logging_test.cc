@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ddp/error.h"
+#include "log_level.h"
 #include "support/thread_world.h"
 
 namespace ddp {
@@ -123,15 +124,15 @@ TEST_F(LoggingTest, ConcurrentWritersNeverSplitALine) {
 }
 
 TEST(LogLevel, ParsesNamesAndNumbers) {
-  EXPECT_EQ(parse_log_level("debug"), LogLevel::kDebug);
-  EXPECT_EQ(parse_log_level("INFO"), LogLevel::kInfo);
-  EXPECT_EQ(parse_log_level("Warn"), LogLevel::kWarning);
-  EXPECT_EQ(parse_log_level("warning"), LogLevel::kWarning);
-  EXPECT_EQ(parse_log_level("40"), LogLevel::kError);
-  EXPECT_EQ(parse_log_level("off"), LogLevel::kOff);
+  EXPECT_EQ(detail::parse_log_level("debug"), LogLevel::kDebug);
+  EXPECT_EQ(detail::parse_log_level("INFO"), LogLevel::kInfo);
+  EXPECT_EQ(detail::parse_log_level("Warn"), LogLevel::kWarning);
+  EXPECT_EQ(detail::parse_log_level("warning"), LogLevel::kWarning);
+  EXPECT_EQ(detail::parse_log_level("40"), LogLevel::kError);
+  EXPECT_EQ(detail::parse_log_level("off"), LogLevel::kOff);
   EXPECT_STREQ(to_string(LogLevel::kWarning), "WARNING");
   try {
-    parse_log_level("loud", "--log-level");
+    detail::parse_log_level("loud", "--log-level");
     FAIL() << "expected InvalidArgument";
   } catch (const InvalidArgument& e) {
     EXPECT_STREQ(e.what(),

@@ -28,9 +28,9 @@ TEST(ReduceFunctions, SumMeanAndWeightedMeanOnEveryRank) {
         expect_value_sum += (10.0 * k + 0.5) * (k + 1);
         expect_weight += k + 1;
       }
-      EXPECT_EQ(reduce_sum(r + 1.0), expect_sum) << "world " << world;
-      EXPECT_EQ(reduce_mean(r + 1.0), expect_sum / world);
-      EXPECT_EQ(reduce_weighted_mean((10.0 * r + 0.5) * (r + 1), r + 1.0),
+      EXPECT_EQ(all_reduce_sum(r + 1.0), expect_sum) << "world " << world;
+      EXPECT_EQ(all_reduce_mean(r + 1.0), expect_sum / world);
+      EXPECT_EQ(all_reduce_weighted_mean((10.0 * r + 0.5) * (r + 1), r + 1.0),
                 expect_value_sum / expect_weight);
     });
   }
@@ -42,18 +42,18 @@ TEST(ReduceFunctions, WeightedMeanDiffersFromMeanOfMeans) {
   run_ranks(2, [](int r) {
     double mean = r == 0 ? 4.0 : 0.0;
     double n = r == 0 ? 1.0 : 3.0;
-    EXPECT_EQ(reduce_weighted_mean(mean * n, n), 1.0);
-    EXPECT_EQ(reduce_mean(mean), 2.0);
+    EXPECT_EQ(all_reduce_weighted_mean(mean * n, n), 1.0);
+    EXPECT_EQ(all_reduce_mean(mean), 2.0);
   });
 }
 
 TEST(ReduceFunctions, ZeroTotalWeightIsNaNEverywhere) {
-  run_ranks(3, [](int) { EXPECT_TRUE(std::isnan(reduce_weighted_mean(0, 0))); });
+  run_ranks(3, [](int) { EXPECT_TRUE(std::isnan(all_reduce_weighted_mean(0, 0))); });
 }
 
 TEST(ReduceFunctions, NegativeWeightIsRejectedBeforeCommunicating) {
   // Every rank passes a bad weight, so none waits for the others.
-  auto errors = run_ranks_collect(2, [](int) { reduce_weighted_mean(1, -2); });
+  auto errors = run_ranks_collect(2, [](int) { all_reduce_weighted_mean(1, -2); });
   for (const auto& e : errors) {
     EXPECT_TRUE(is_a<InvalidArgument>(e)) << message_of(e);
     EXPECT_NE(message_of(e).find("must be >= 0"), std::string::npos) << message_of(e);
@@ -64,14 +64,14 @@ TEST(ReduceFunctions, CountIsExactBeyondDoublePrecision) {
   run_ranks(3, [](int r) {
     // 2^60 + r: the sum 3 * 2^60 + 3 is not representable in a double.
     const int64_t big = (int64_t{1} << 60) + r;
-    EXPECT_EQ(reduce_count(big), 3 * (int64_t{1} << 60) + 3);
-    EXPECT_EQ(reduce_count(r == 1 ? -7 : 2), -3);
+    EXPECT_EQ(all_reduce_count(big), 3 * (int64_t{1} << 60) + 3);
+    EXPECT_EQ(all_reduce_count(r == 1 ? -7 : 2), -3);
   });
 }
 
 TEST(ReduceFunctions, NeedAProcessGroup) {
   try {
-    reduce_sum(1.0);
+    all_reduce_sum(1.0);
     FAIL() << "expected InvalidArgument";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("init_process_group"), std::string::npos)
@@ -95,7 +95,7 @@ TEST(Metrics, ReducesEveryKindInOneCallOnEveryRank) {
       m.add_mean("loss", 2.0 * r, r + 1);
       m.add_sum("loss_sum", 1.5 * r);
     }
-    ReducedMetrics out = m.reduce();
+    ReducedMetrics out = m.all_reduce();
     // loss: sum_r (2r(r+1) + 1) / sum_r (r+2) = (0+1 + 4+1 + 12+1) / (2+3+4)
     EXPECT_EQ(out.value("loss"), 19.0 / 9.0);
     EXPECT_EQ(out.at("loss").weight, 9.0);
@@ -119,7 +119,7 @@ TEST(Metrics, SameResultAsOneProcessSeeingAllTheData) {
     Metrics m;
     m.add_mean("loss", 0, 0);  // a rank without batches still takes part
     for (int b = r; b < 10; b += world) m.add_mean("loss", 0.1 * b + 0.25, 1 + b % 4);
-    EXPECT_DOUBLE_EQ(m.reduce().value("loss"), expect);
+    EXPECT_DOUBLE_EQ(m.all_reduce().value("loss"), expect);
   });
 }
 
@@ -128,7 +128,7 @@ TEST(Metrics, DifferentNamesOnRanksAreAMismatchOnEveryRank) {
     Metrics m;
     m.add_mean("loss", 1.0);
     m.add_count(r == 0 ? "correct" : "wrong", 1);
-    m.reduce();
+    m.all_reduce();
   });
   for (const auto& e : errors) {
     EXPECT_TRUE(is_a<MismatchError>(e)) << message_of(e);
@@ -144,7 +144,7 @@ TEST(Metrics, ADifferentNumberOfMetricsIsAMismatchOnEveryRank) {
     Metrics m;
     m.add_mean("loss", 1.0);
     if (r == 1) m.add_count("extra", 1);
-    m.reduce();
+    m.all_reduce();
   }, o);
   for (size_t r = 0; r < errors.size(); ++r) {
     EXPECT_TRUE(is_a<MismatchError>(errors[r])) << "rank " << r << ": " << message_of(errors[r]);
@@ -164,7 +164,7 @@ TEST(Metrics, ARankThatAddedNothingContributesZeros) {
         m.add_count("correct", 3);
         m.add_sum("batches", 1);
       }
-      results[r] = m.reduce();
+      results[r] = m.all_reduce();
     });
     for (int r = 0; r < world; ++r) {
       const ReducedMetrics& got = results[r];
@@ -177,7 +177,7 @@ TEST(Metrics, ARankThatAddedNothingContributesZeros) {
     }
   }
   // Every rank empty: an empty result, no error.
-  run_ranks(2, [](int) { EXPECT_TRUE(Metrics().reduce().entries().empty()); });
+  run_ranks(2, [](int) { EXPECT_TRUE(Metrics().all_reduce().entries().empty()); });
 }
 
 TEST(Metrics, AddingANameWithAnotherKindThrows) {

@@ -68,6 +68,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/optimizer_state.h"
 #include "ddp/process_group.h"
 
 namespace torch {
@@ -90,10 +91,6 @@ struct RngState {
   std::vector<at::Tensor> cuda;  // one per CUDA device visible at save time
 };
 
-namespace detail {
-struct OptimizerSnapshot;  // parameter groups' options and per-param state
-}
-
 // A checkpoint in memory.
 struct Checkpoint {
   int64_t epoch = 0;
@@ -102,7 +99,7 @@ struct Checkpoint {
   // named_buffers()), on the device given to load (CPU for a capture).
   torch::OrderedDict<std::string, at::Tensor> model;
   // Null when saved without an optimizer.
-  std::shared_ptr<const detail::OptimizerSnapshot> optimizer;
+  std::shared_ptr<const OptimizerState> optimizer;
   // Indexed by the rank that saved it; size = world size at save time.
   std::vector<RngState> rng;
   std::map<std::string, std::string> metadata;
@@ -148,7 +145,7 @@ void restore_checkpoint(const Checkpoint& ckpt, torch::nn::Module& model,
                         torch::optim::Optimizer* optimizer,
                         const RestoreOptions& options = {});
 
-struct CheckpointOptions {
+struct SaveOptions {
   // Keep the newest `keep_last` checkpoints in `dir` and delete older ones
   // (with their .model.pt). 0 keeps all.
   int keep_last = 0;
@@ -158,11 +155,12 @@ struct CheckpointOptions {
   std::map<std::string, std::string> metadata;
   // The group whose rank 0 writes; null: the default group when one exists,
   // else the caller is a single process (no communication).
-  ProcessGroupPtr group;
+  ProcessGroupPtr process_group;
 };
 
 // Collective (every rank of the group calls it with its model). A
-// ZeroRedundancyOptimizer (on the same group, else InvalidArgument) first
+// ShardedOptimizer (ZeroRedundancyOptimizer; on the same group, else
+// InvalidArgument) first
 // gathers its shards on rank 0 (consolidate_state_dict). Gathers
 // every rank's RNG state to rank 0; rank 0 captures its model and optimizer,
 // creates `dir` if needed, writes the checkpoint atomically (see above) and
@@ -176,7 +174,7 @@ std::string save_checkpoint(const std::string& dir,
                             const torch::nn::Module& model,
                             const torch::optim::Optimizer* optimizer,
                             int64_t epoch, int64_t step,
-                            const CheckpointOptions& options = {});
+                            const SaveOptions& options = {});
 
 // The path of the latest complete checkpoint in `dir` (largest epoch, then
 // step), or nullopt when `dir` does not exist or holds none. Local: no
@@ -190,17 +188,9 @@ std::optional<std::string> latest_checkpoint_path(const std::string& dir);
 Checkpoint load_checkpoint(const std::string& path,
                            const c10::Device& device = c10::Device(c10::kCPU));
 
-// Parses checkpoint bytes (a file's content); `source` names them in errors.
-// The entry point for fuzzing: survives arbitrary bytes.
-Checkpoint parse_checkpoint(const std::string& bytes, const std::string& source,
-                            const c10::Device& device = c10::Device(c10::kCPU));
-
-// The checkpoint as file bytes (the format above).
-std::string serialize_checkpoint(const Checkpoint& ckpt);
-
 struct LoadOptions {
   // null: the default group when one exists, else a single process.
-  ProcessGroupPtr group;
+  ProcessGroupPtr process_group;
 };
 
 // Collective when there is a group: rank 0 picks the latest checkpoint in

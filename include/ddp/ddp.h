@@ -18,10 +18,12 @@
 //   flight_recorder.h           which rank stopped where (ddp-trace)
 //   sync_batchnorm.h            SyncBatchNorm, convert_sync_batchnorm
 //   zero_redundancy_optimizer.h ZeroRedundancyOptimizer
+//   optimizer_state.h           OptimizerState, the ShardedOptimizer interface
 //
 // Not included: datasets/ (IDX files, Fashion-MNIST, the prefetching batch
 // loader, per-batch seeding), the data side of ddp-train, which a program
-// with its own data does not need; include ddp/datasets/<name>.h. They are
+// with its own data does not need; include ddp/datasets/<name>.h and link
+// the library ddp::datasets (find_package(ddp) brings it). They are
 // cheap (ATen's core headers), except datasets/torch_adapter.h: it pulls in
 // libtorch's torch/data, about 30 s more per translation unit.
 #pragma once
@@ -37,6 +39,7 @@
 #include "ddp/join.h"
 #include "ddp/logging.h"
 #include "ddp/metrics.h"
+#include "ddp/optimizer_state.h"
 #include "ddp/powersgd.h"
 #include "ddp/process_group.h"
 #include "ddp/state_dict.h"

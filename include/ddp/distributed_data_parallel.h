@@ -97,7 +97,7 @@ struct DistributedDataParallelOptions {
   // find_unused_parameters.
   bool static_graph = false;
   // (Debug mode, DDP_DEBUG=1 or InitOptions::debug_collectives, also checks
-  // no_sync's rule: see NoSyncGuard.)
+  // Note [no_sync's rule] at NoSyncGuard.)
   // Verify the model across ranks and broadcast rank 0's parameters and
   // buffers at construction. false skips both (PyTorch 2.x: init_sync).
   bool init_sync = true;
@@ -282,6 +282,7 @@ void collect_tensors(const std::optional<T>& o, std::vector<at::Tensor>& into) {
 // accumulation without communication. K micro-batches of B with no_sync on
 // the first K-1 equal one step of K*B.
 //
+// Note [no_sync's rule]
 // The rule (PyTorch's): whether a micro-step synchronises is decided by its
 // FORWARD. A forward run while a guard lives builds a graph whose backward
 // only accumulates into .grad(), wherever that backward runs; a forward run

@@ -74,9 +74,4 @@ LaunchEnv read_launch_env();
 std::optional<int> local_rank_from_argv(int& argc, char** argv,
                                         bool remove = true);
 
-// Parses an environment variable as an integer. Returns nullopt when it is
-// unset or empty; throws InvalidArgument naming the variable otherwise when it
-// is not an integer.
-std::optional<long long> env_int(const char* name);
-
 }  // namespace ddp

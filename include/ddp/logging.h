@@ -43,13 +43,6 @@ enum class LogLevel { kDebug = 10, kInfo = 20, kWarning = 30, kError = 40, kOff 
 // "DEBUG", "INFO", "WARNING", "ERROR", "OFF".
 const char* to_string(LogLevel level);
 
-// Parses "debug", "info", "warning" (or "warn"), "error", "off"
-// (case-insensitive), or Python's numeric values "10".."40". `what` names the
-// source in the error (a flag, an environment variable).
-// Throws InvalidArgument naming `what`, the value, and the accepted values.
-LogLevel parse_log_level(const std::string& text,
-                         const std::string& what = "log level");
-
 // The threshold: log() and log0() drop messages below it. Starts as
 // DDP_LOG_LEVEL when that is set and valid, else kInfo. An invalid
 // DDP_LOG_LEVEL is reported once on stderr ("ddp: DDP_LOG_LEVEL='x' is not a

@@ -4,7 +4,7 @@
 // Each rank sees its own shard of the data, so a rank's loss or accuracy is
 // not the job's. PyTorch programs all_reduce a tensor of partial sums and
 // divide by the total sample count (as torchmetrics does); this file packages
-// that: one all_reduce per call (Metrics::reduce adds a small check).
+// that: one all_reduce per call (Metrics::all_reduce adds a small check).
 //
 //   ddp::Metrics m;                           // one per epoch (or reset())
 //   for (auto& batch : loader) {
@@ -13,7 +13,7 @@
 //     m.add_count("correct", n_correct);
 //     m.add_count("samples", batch_size);
 //   }
-//   ddp::ReducedMetrics r = m.reduce();       // collective
+//   ddp::ReducedMetrics r = m.all_reduce();   // collective
 //   ddp::print0f("loss %.4f acc %.4f", r.value("loss"),
 //                double(r.count("correct")) / r.count("samples"));
 //
@@ -43,23 +43,23 @@ namespace ddp {
 // --- single values: one all_reduce each -------------------------------------
 
 // Collective. Sum of `value` over the ranks of the group.
-double reduce_sum(double value, const CollectiveOptions& options = {});
+double all_reduce_sum(double value, const CollectiveOptions& options = {});
 
 // Collective. Unweighted mean over ranks: sum of `value` / world size. Use
-// reduce_weighted_mean when ranks saw different numbers of samples.
-double reduce_mean(double value, const CollectiveOptions& options = {});
+// all_reduce_weighted_mean when ranks saw different numbers of samples.
+double all_reduce_mean(double value, const CollectiveOptions& options = {});
 
 // Collective. Sample-weighted mean: (sum over ranks of value_sum) / (sum over
 // ranks of weight). `value_sum` is this rank's sum of per-sample values (e.g.
 // mean batch loss * batch size, accumulated), `weight` its sample count (or
 // any non-negative weight). Returns NaN when the total weight is 0.
 // Throws InvalidArgument (before communicating) when weight < 0 or is NaN.
-double reduce_weighted_mean(double value_sum, double weight,
+double all_reduce_weighted_mean(double value_sum, double weight,
                             const CollectiveOptions& options = {});
 
 // Collective. Exact sum of `count` over ranks (int64, wraps on overflow as
 // two's complement).
-int64_t reduce_count(int64_t count, const CollectiveOptions& options = {});
+int64_t all_reduce_count(int64_t count, const CollectiveOptions& options = {});
 
 // --- several metrics: one all_reduce for all values -------------------------
 
@@ -69,7 +69,7 @@ enum class MetricKind {
   kCount,  // exact int64 sum
 };
 
-// The result of Metrics::reduce(): the same on every rank.
+// The result of Metrics::all_reduce(): the same on every rank.
 class ReducedMetrics {
  public:
   struct Entry {
@@ -134,7 +134,7 @@ class Metrics {
   // difference in names or kinds escapes the hash with probability 2^-16),
   // InvalidArgument for 65536 metrics or more, errors of all_reduce
   // otherwise.
-  ReducedMetrics reduce(const CollectiveOptions& options = {}) const;
+  ReducedMetrics all_reduce(const CollectiveOptions& options = {}) const;
 
   void reset() { metrics_.clear(); }
   bool empty() const { return metrics_.empty(); }

@@ -85,6 +85,17 @@ class PowerSGDState {
   // The next seed for torch's generator (numpy's RandomState.randint(10⁹)).
   uint64_t next_seed();
   void maybe_increase_iter(const GradBucket& bucket);
+  // The steps both hooks share, in PyTorch's order. compressing(): false
+  // (the iteration counted) while before start_powerSGD_iter, when the hook
+  // all-reduces plainly. add_error(): with use_error_feedback, adds bucket
+  // k's previous compression error to `input` (zero the first time) and
+  // returns the corrected input (undefined without error feedback).
+  // end_bucket(): keeps the new error (corrected - approximation), drops
+  // P and Q without warm_start, and counts the iteration at its last bucket.
+  bool compressing(const GradBucket& bucket);
+  at::Tensor add_error(size_t k, at::Tensor& input);
+  void end_bucket(const GradBucket& bucket, const at::Tensor& corrected,
+                  const at::Tensor& approximation);
 
   PowerSGDOptions options_;
   std::shared_ptr<void> rng_;  // std::mt19937, kept out of this header

@@ -139,6 +139,19 @@ class ProcessGroup {
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
+// Note [Null process group]
+// Every option that names a group (CollectiveOptions::group as PyTorch's
+// collectives' `group=`; `process_group` in the options of
+// DistributedDataParallel, ZeroRedundancyOptimizer, SyncBatchNorm and
+// checkpoints, as PyTorch's) takes null to mean the calling thread's default
+// group (default_group()), looked up when the call runs. When there is no
+// default group, what PyTorch does is done: the communication calls
+// themselves (collectives.h, metrics.h, DistributedDataParallel) throw
+// InvalidArgument ("call ddp::init_process_group() first"), while the
+// objects that are useful in one process work as a world of one:
+// SyncBatchNorm is plain BatchNorm, ZeroRedundancyOptimizer keeps the whole
+// state, checkpoints are written and read without communication.
+
 // Creates a process group and rendezvouses with the other ranks: returns once
 // all world_size ranks have arrived. Does not touch the default group.
 // Throws:

@@ -65,10 +65,12 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
  public:
   // `options` as torch::nn::BatchNorm{1,2,3}d's (num_features, eps,
   // momentum, affine, track_running_stats); an unset momentum is the
-  // cumulative moving average. `group`: the ranks whose batches are
-  // normalized together; null: default_group() at each forward.
+  // cumulative moving average. `process_group`: the ranks whose batches
+  // are normalized together; null: the default group at each forward, or
+  // plain BatchNorm without one (Note [Null process group] in
+  // process_group.h).
   explicit SyncBatchNormImpl(const torch::nn::BatchNormOptions& options,
-                             ProcessGroupPtr group = nullptr);
+                             ProcessGroupPtr process_group = nullptr);
 
   at::Tensor forward(const at::Tensor& input);
 
@@ -92,7 +94,7 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
                    const at::Tensor& num_batches_tracked);
 
   torch::nn::BatchNormOptions options;
-  ProcessGroupPtr group;  // null: default_group()
+  ProcessGroupPtr process_group;  // null: see the constructor
   at::Tensor weight, bias;                  // C elements; undefined unless affine
   at::Tensor running_mean, running_var;     // C elements; undefined unless tracked
   at::Tensor num_batches_tracked;           // int64 scalar; undefined unless tracked
@@ -104,8 +106,8 @@ TORCH_MODULE(SyncBatchNorm);
 
 // Replaces every torch::nn::BatchNorm1d, BatchNorm2d and BatchNorm3d that is
 // an element of a torch::nn::Sequential anywhere in `module`'s tree (a
-// Sequential held by a field of your module, at any depth) by a SyncBatchNorm over `group` (null: the
-// default group at each forward) with the same options, training mode and
+// Sequential held by a field of your module, at any depth) by a SyncBatchNorm over `process_group` (null:
+// the default group at each forward) with the same options, training mode and
 // tensors (share_state). Call it before wrapping the model in
 // DistributedDataParallel. Returns the number of layers replaced.
 //
@@ -117,6 +119,6 @@ TORCH_MODULE(SyncBatchNorm);
 // (a field of your own module, a ModuleList or ModuleDict element, or
 // `module` itself) is refused with InvalidArgument naming its path, before
 // anything is changed: declare that layer as ddp::SyncBatchNorm instead.
-int convert_sync_batchnorm(torch::nn::Module& module, ProcessGroupPtr group = nullptr);
+int convert_sync_batchnorm(torch::nn::Module& module, ProcessGroupPtr process_group = nullptr);
 
 }  // namespace ddp

@@ -75,13 +75,10 @@
 #include <vector>
 
 #include "ddp/join.h"
+#include "ddp/optimizer_state.h"
 #include "ddp/process_group.h"
 
 namespace ddp {
-
-namespace detail {
-struct OptimizerSnapshot;
-}
 
 // The libtorch optimizer class whose options type is O (for the built-ins).
 template <typename O> struct optimizer_for_options;
@@ -92,10 +89,12 @@ template <> struct optimizer_for_options<torch::optim::AdagradOptions> { using t
 template <> struct optimizer_for_options<torch::optim::RMSpropOptions> { using type = torch::optim::RMSprop; };
 
 struct ZeroRedundancyOptimizerOptions {
-  ProcessGroupPtr group;  // null: default_group()
+  ProcessGroupPtr process_group;  // Note [Null process group] (process_group.h)
 };
 
-class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public JoinHook {
+class ZeroRedundancyOptimizer : public torch::optim::Optimizer,
+                                public JoinHook,
+                                public ShardedOptimizer {
  public:
   // Builds the shard's optimizer from its parameter groups: one per group
   // given, with that group's options (or `defaults`), holding the
@@ -132,17 +131,18 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public JoinHook 
 
   // Collective: rank `to` (of the group) receives every rank's shard state;
   // the others send theirs. Call it after the step whose state you want.
-  void consolidate_state_dict(int to = 0) const;
+  void consolidate_state_dict(int to = 0) const override;
   // On the rank consolidated to: the full state (of the equivalent
   // unsharded optimizer), as of the last consolidate_state_dict(). Throws
   // InvalidArgument elsewhere, or when step() ran since (step() drops a
   // consolidated state: it would be stale, and it is the whole state).
-  std::shared_ptr<const detail::OptimizerSnapshot> state_dict() const;
+  std::shared_ptr<const OptimizerState> state_dict() const override;
   // Every rank: takes its shard of a full state (from state_dict() or a
   // checkpoint saved by any world size, or by a plain optimizer of the same
   // class and parameter groups) and the groups' options. Validates first:
   // on error nothing changed. `source` names the state in errors.
-  void load_state_dict(const detail::OptimizerSnapshot& state, const std::string& source = "state");
+  void load_state_dict(const OptimizerState& state,
+                       const std::string& source = "state") override;
 
   // torch::save/torch::load: save() writes the full state, on the rank
   // consolidated to only (throws elsewhere: call torch::save there alone);
@@ -151,7 +151,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public JoinHook 
   void load(torch::serialize::InputArchive& archive) override;
 
   // The group it runs on (null: a single process without one).
-  const ProcessGroupPtr& group() const { return group_; }
+  const ProcessGroupPtr& group() const override { return group_; }
   // Which rank owns each parameter of each group (param_groups() order).
   const std::vector<std::vector<int>>& partition() const { return owner_; }
   // The shard's optimizer (its state is this rank's share).
@@ -181,7 +181,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public JoinHook 
   std::vector<std::vector<int>> owner_;  // [group][param] -> rank
   std::vector<std::vector<at::Tensor>> shard_of_rank_;  // [rank] -> its params
   std::unique_ptr<torch::optim::Optimizer> local_;
-  mutable std::shared_ptr<const detail::OptimizerSnapshot> consolidated_;
+  mutable std::shared_ptr<const OptimizerState> consolidated_;
   mutable bool dropped_by_step_ = false;  // state_dict() says why it has none
   mutable int consolidated_to_ = -1;       // the rank of the last consolidation
 };

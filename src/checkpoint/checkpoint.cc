@@ -8,14 +8,17 @@
 #include <ATen/Context.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
+#include <c10/util/Type.h>
 #include <torch/optim/optimizer.h>
+
+#include <typeinfo>
 
 #include "call_scope.h"
 #include "checkpoint_files.h"
 #include "checkpoint_format.h"
 #include "ddp/collectives.h"
 #include "ddp/error.h"
-#include "ddp/zero_redundancy_optimizer.h"
+#include "optimizer_state.h"
 #include "tensor_text.h"
 #include "torch_save.h"
 
@@ -135,7 +138,7 @@ void check_epoch_step(int64_t epoch, int64_t step) {
 
 // Rank 0's part of save_checkpoint: everything that touches the disk.
 void write_checkpoint(const std::string& dir, Checkpoint ckpt,
-                      const CheckpointOptions& options) {
+                      const SaveOptions& options) {
   detail::ensure_directory(dir);
   detail::remove_stale_temporaries(dir);
   const std::string stem = detail::checkpoint_stem(ckpt.epoch, ckpt.step);
@@ -150,7 +153,7 @@ void write_checkpoint(const std::string& dir, Checkpoint ckpt,
                                   bytes.data(), bytes.size());
   }
   try {
-    std::string bytes = serialize_checkpoint(ckpt);
+    std::string bytes = detail::serialize_checkpoint(ckpt);
     detail::write_file_atomically(dir, stem + detail::kCheckpointSuffix,
                                   bytes.data(), bytes.size());
   } catch (...) {
@@ -178,7 +181,7 @@ Checkpoint capture_checkpoint(const torch::nn::Module& model,
                                        /*non_blocking=*/false, /*copy=*/true));
   }
   if (optimizer != nullptr) {
-    c.optimizer = std::make_shared<const detail::OptimizerSnapshot>(
+    c.optimizer = std::make_shared<const OptimizerState>(
         detail::capture_optimizer(*optimizer));
   }
   c.rng.push_back(detail::capture_rng());
@@ -220,21 +223,21 @@ std::string save_checkpoint(const std::string& dir,
                             const torch::nn::Module& model,
                             const torch::optim::Optimizer* optimizer,
                             int64_t epoch, int64_t step,
-                            const CheckpointOptions& options) {
+                            const SaveOptions& options) {
   check_epoch_step(epoch, step);
   const detail::CallScope call("save_checkpoint", detail::kCollectiveCheckpointAdvice);
-  const ProcessGroupPtr group = resolve_group(options.group);
+  const ProcessGroupPtr group = resolve_group(options.process_group);
   const int rank = group ? group->rank() : 0;
   // A sharded optimizer's full state is gathered on the writing rank first
   // (a collective of its group: every rank is here).
-  if (auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(optimizer)) {
-    if (zero->group() != group) {  // the same on every rank: no one waits
+  if (auto* sharded = dynamic_cast<const ShardedOptimizer*>(optimizer)) {
+    if (sharded->group() != group) {  // the same on every rank: no one waits
       throw InvalidArgument(
-          "save_checkpoint: the ZeroRedundancyOptimizer runs on another process group than "
-          "the checkpoint (CheckpointOptions::group); its state is gathered on the writing "
-          "rank, so give both the same group");
+          "save_checkpoint: the sharded optimizer (" + c10::demangle(typeid(*optimizer).name()) +
+          ") runs on another process group than the checkpoint (SaveOptions::process_group); "
+          "its state is gathered on the writing rank, so give both the same group");
     }
-    zero->consolidate_state_dict(0);
+    sharded->consolidate_state_dict(0);
   }
   CollectiveOptions co;
   co.group = group;
@@ -281,14 +284,14 @@ std::optional<std::string> latest_checkpoint_path(const std::string& dir) {
 }
 
 Checkpoint load_checkpoint(const std::string& path, const c10::Device& device) {
-  return parse_checkpoint(detail::read_whole_file(path), path, device);
+  return detail::parse_checkpoint(detail::read_whole_file(path), path, device);
 }
 
 std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir,
                                                  const c10::Device& device,
                                                  const LoadOptions& options) {
   const detail::CallScope call("load_latest_checkpoint", detail::kCollectiveCheckpointAdvice);
-  const ProcessGroupPtr group = resolve_group(options.group);
+  const ProcessGroupPtr group = resolve_group(options.process_group);
   CollectiveOptions co;
   co.group = group;
   // Rank 0 decides which file: "+<path>", "-" for none, "!<error>".

@@ -177,67 +177,73 @@ std::string file_name(const std::string& group, int rank) {
   return fmt::format("{}{}_rank{}{}", kFilePrefix, g, rank, kFileSuffix);
 }
 
-std::unique_ptr<FlightRecorder> FlightRecorder::create(const RecorderSetup& setup) {
-  if (setup.capacity == 0) return nullptr;
-  std::unique_ptr<FlightRecorder> r(new FlightRecorder());
-  r->bytes_ = ring_bytes(setup.capacity);
-  const std::string name = file_name(setup.group, setup.rank);
-  void* base = MAP_FAILED;
-  if (!setup.dir.empty()) {
-    make_directories(setup.dir);
-    r->path_ = unused_path(setup.dir, name);
-    // Never truncate a file another process may have mapped (a second job
-    // sharing the directory would then fault on its mapping): the old file
-    // is unlinked and a new one made, exclusively.
-    int fd = -1;
-    for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
-      ::unlink(r->path_.c_str());
-      fd = ::open(r->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-      if (fd < 0 && errno != EEXIST) break;
-    }
-    // Allocated, not sparse: a full disk fails here, not later with SIGBUS
-    // on a write to the mapping.
-    struct stat st {};
-    int err = fd < 0 ? errno : ::posix_fallocate(fd, 0, static_cast<off_t>(r->bytes_));
-    if (err == 0 && ::fstat(fd, &st) == 0) {
-      base = ::mmap(nullptr, r->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (base == MAP_FAILED) err = errno;
-    }
-    if (fd >= 0) ::close(fd);
-    if (base == MAP_FAILED) {
-      throw InvalidArgument(fmt::format(
-          "flight recorder: cannot create '{}' ({}): set DDP_FLIGHT_RECORDER_DIR to a writable "
-          "directory, or DDP_FLIGHT_RECORDER_ENTRIES=0 to turn the recorder off",
-          r->path_, std::strerror(err)));
-    }
-    r->device_ = st.st_dev;
-    r->inode_ = st.st_ino;
-    r->mapped_ = true;
-  } else {
-    const std::string dump_dir = setup.dump_dir.empty() ? default_dump_dir() : setup.dump_dir;
-    r->path_ = unused_path(dump_dir, name);
-    r->tmp_prefix_ = fmt::format("{}.tmp{}.", r->path_, ::getpid());
-    // Created at the first dump, not now: a run without an event leaves
-    // nothing, not even a directory.
-    for (size_t at = dump_dir.find('/', 1); at != std::string::npos; at = dump_dir.find('/', at + 1)) {
-      r->dump_dirs_.push_back(dump_dir.substr(0, at));
-    }
-    r->dump_dirs_.push_back(dump_dir);
-    r->notice_ = fmt::format("ddp: flight record of rank {} ({}) written to {} (read it with "
-                             "ddp-trace {})\n",
-                             setup.rank, setup.group, r->path_, dump_dir);
-    base = ::mmap(nullptr, r->bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) {
-      throw InvalidArgument(fmt::format(
-          "flight recorder: cannot allocate {} bytes for a ring of {} entries ({}): lower "
-          "DDP_FLIGHT_RECORDER_ENTRIES, or set it to 0 to turn the recorder off",
-          r->bytes_, setup.capacity, std::strerror(errno)));
-    }
+// The ring in a file of setup.dir, mapped shared (Note [Flight ring]):
+// current at every moment, whatever happens to the process.
+void* FlightRecorder::map_file(const RecorderSetup& setup, const std::string& name) {
+  make_directories(setup.dir);
+  path_ = unused_path(setup.dir, name);
+  // Never truncate a file another process may have mapped (a second job
+  // sharing the directory would then fault on its mapping): the old file
+  // is unlinked and a new one made, exclusively.
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    ::unlink(path_.c_str());
+    fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) break;
   }
-  // Both mappings start as zeros (a new file, anonymous memory).
-  r->header_ = static_cast<Header*>(base);
-  r->entries_ = reinterpret_cast<Entry*>(static_cast<char*>(base) + sizeof(Header));
-  Header& h = *r->header_;
+  // Allocated, not sparse: a full disk fails here, not later with SIGBUS
+  // on a write to the mapping.
+  void* base = MAP_FAILED;
+  struct stat st {};
+  int err = fd < 0 ? errno : ::posix_fallocate(fd, 0, static_cast<off_t>(bytes_));
+  if (err == 0 && ::fstat(fd, &st) == 0) {
+    base = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) err = errno;
+  }
+  if (fd >= 0) ::close(fd);
+  if (base == MAP_FAILED) {
+    throw InvalidArgument(fmt::format(
+        "flight recorder: cannot create '{}' ({}): set DDP_FLIGHT_RECORDER_DIR to a writable "
+        "directory, or DDP_FLIGHT_RECORDER_ENTRIES=0 to turn the recorder off",
+        path_, std::strerror(err)));
+  }
+  device_ = st.st_dev;
+  inode_ = st.st_ino;
+  mapped_ = true;
+  return base;
+}
+
+// The ring in anonymous memory, written to a file of the dump directory at
+// an event.
+void* FlightRecorder::map_memory(const RecorderSetup& setup, const std::string& name) {
+  const std::string dump_dir = setup.dump_dir.empty() ? default_dump_dir() : setup.dump_dir;
+  path_ = unused_path(dump_dir, name);
+  tmp_prefix_ = fmt::format("{}.tmp{}.", path_, ::getpid());
+  // Created at the first dump, not now: a run without an event leaves
+  // nothing, not even a directory.
+  for (size_t at = dump_dir.find('/', 1); at != std::string::npos; at = dump_dir.find('/', at + 1)) {
+    dump_dirs_.push_back(dump_dir.substr(0, at));
+  }
+  dump_dirs_.push_back(dump_dir);
+  notice_ = fmt::format("ddp: flight record of rank {} ({}) written to {} (read it with "
+                        "ddp-trace {})\n",
+                        setup.rank, setup.group, path_, dump_dir);
+  void* base = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) {
+    throw InvalidArgument(fmt::format(
+        "flight recorder: cannot allocate {} bytes for a ring of {} entries ({}): lower "
+        "DDP_FLIGHT_RECORDER_ENTRIES, or set it to 0 to turn the recorder off",
+        bytes_, setup.capacity, std::strerror(errno)));
+  }
+  return base;
+}
+
+// Both mappings start as zeros (a new file, anonymous memory): the header
+// says what the ring is, the entries stay empty.
+void FlightRecorder::write_header(void* base, const RecorderSetup& setup) {
+  header_ = static_cast<Header*>(base);
+  entries_ = reinterpret_cast<Entry*>(static_cast<char*>(base) + sizeof(Header));
+  Header& h = *header_;
   std::memcpy(h.magic, kMagic, sizeof(kMagic));
   h.version = kVersion;
   h.header_size = sizeof(Header);
@@ -251,6 +257,15 @@ std::unique_ptr<FlightRecorder> FlightRecorder::create(const RecorderSetup& setu
   copy_cut(h.group, sizeof(h.group), setup.group);
   copy_cut(h.backend, sizeof(h.backend), setup.backend);
   copy_cut(h.host, sizeof(h.host), setup.host);
+}
+
+std::unique_ptr<FlightRecorder> FlightRecorder::create(const RecorderSetup& setup) {
+  if (setup.capacity == 0) return nullptr;
+  std::unique_ptr<FlightRecorder> r(new FlightRecorder());
+  r->bytes_ = ring_bytes(setup.capacity);
+  const std::string name = file_name(setup.group, setup.rank);
+  void* base = setup.dir.empty() ? r->map_memory(setup, name) : r->map_file(setup, name);
+  r->write_header(base, setup);
   enlist(r.get());
   return r;
 }

@@ -71,6 +71,11 @@ class FlightRecorder {
 
  private:
   FlightRecorder() = default;
+  // create()'s steps: the ring's memory (a file of setup.dir mapped shared,
+  // or anonymous memory dumped at an event), then its header.
+  void* map_file(const RecorderSetup& setup, const std::string& name);
+  void* map_memory(const RecorderSetup& setup, const std::string& name);
+  void write_header(void* base, const RecorderSetup& setup);
 
   Header* header_ = nullptr;
   Entry* entries_ = nullptr;

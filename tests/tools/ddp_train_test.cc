@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint_format.h"
 #include "ddp/checkpoint.h"
 #include "launcher/process_harness.h"
 #include "support/oracle.h"
@@ -202,7 +203,7 @@ TEST_F(DdpTrain, ResumeFromBadMetadataNamesTheKeyAndTheFile) {
   const std::string path = *latest_checkpoint_path(dir_ + "/bad/checkpoints");
   Checkpoint c = load_checkpoint(path);
   c.metadata["epoch_batches"] = "many";
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << serialize_checkpoint(c);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << detail::serialize_checkpoint(c);
   ProcessResult second = train(dir_ + "/bad", {"--no-plot", "--epochs", "1", "--resume"});
   EXPECT_NE(second.exit_code, 0) << second.out << second.err;
   const std::string all = second.out + second.err;

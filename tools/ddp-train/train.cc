@@ -216,7 +216,7 @@ void evaluate(Run& r, EpochRecord& rec) {
     m.add_count("correct", out.argmax(1).eq(y).sum().item<int64_t>());
     m.add_count("images", y.size(0));
   }
-  ReducedMetrics all = m.reduce();
+  ReducedMetrics all = m.all_reduce();
   rec.test_images = all.count("images");
   rec.test_accuracy = double(all.count("correct")) / double(std::max<int64_t>(rec.test_images, 1));
   rec.test_loss = all.value("loss");
@@ -332,7 +332,7 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
     const bool stop = c.max_steps > 0 && r.step >= c.max_steps && done < batches;
     ++window_steps;
     if (progress.due(done) || stop) {
-      ReducedMetrics w = window.reduce();
+      ReducedMetrics w = window.all_reduce();
       double acc = double(w.count("correct")) / double(std::max<int64_t>(w.count("samples"), 1));
       if (r.rank == 0) {
         progress.show(done, window_steps, w.value("loss"), acc,
@@ -347,7 +347,7 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
   }
   if (r.rank == 0) progress.finish();
   rec.epoch_time_s = seconds_since(start);
-  ReducedMetrics e = epoch_m.reduce();
+  ReducedMetrics e = epoch_m.all_reduce();
   rec.train_loss = e.value("loss");
   rec.train_accuracy = double(e.count("correct")) / double(std::max<int64_t>(e.count("samples"), 1));
   rec.samples_per_s = double(e.count("samples")) / std::max(rec.epoch_time_s, 1e-9);
@@ -402,7 +402,7 @@ int threads_from_env() {
 // (--max-steps, an interrupt): then epoch_batches says how far it got, so
 // --resume continues at the next batch. Returns its path.
 std::string save_epoch(Run& r, int epoch, const EpochProgress& p) {
-  CheckpointOptions co;
+  SaveOptions co;
   co.keep_last = 3;
   co.metadata["epoch_batches"] = std::to_string(p.complete() ? 0 : p.done);
   co.metadata["config"] = config_record(r.config, r.world);

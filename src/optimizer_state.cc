@@ -1,6 +1,7 @@
-// Optimizer state in checkpoints: the built-in optimizers field by field (so
-// that reading never goes through libtorch's archive parser), any other
-// optimizer through its own save()/load() archive.
+// An optimizer's state as ddp::OptimizerState: the built-in optimizers field
+// by field (so that reading never goes through libtorch's archive parser),
+// any other optimizer through its own save()/load() archive, a
+// ShardedOptimizer through its consolidated state.
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -12,10 +13,10 @@
 #include <optional>
 #include <typeinfo>
 
-#include "checkpoint_format.h"
+#include "optimizer_state.h"
+
 #include "compat/autograd_compat.h"
 #include "ddp/error.h"
-#include "ddp/zero_redundancy_optimizer.h"
 #include "tensor_text.h"
 
 namespace ddp {
@@ -198,12 +199,12 @@ compat::OptimizerStateKey key_of(const at::Tensor& p) {
 
 }  // namespace
 
-OptimizerSnapshot capture_optimizer(const optim::Optimizer& optimizer) {
+OptimizerState capture_optimizer(const optim::Optimizer& optimizer) {
   // Sharded: the consolidated state of the equivalent unsharded optimizer.
-  if (auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(&optimizer)) {
-    return *zero->state_dict();
+  if (auto* sharded = dynamic_cast<const ShardedOptimizer*>(&optimizer)) {
+    return *sharded->state_dict();
   }
-  OptimizerSnapshot s;
+  OptimizerState s;
   const Codec* c = codec_for(optimizer);
   if (c == nullptr) {
     s.type = archive_type(optimizer);
@@ -216,7 +217,7 @@ OptimizerSnapshot capture_optimizer(const optim::Optimizer& optimizer) {
     // libtorch's load() ignores the saved options; keep at least each
     // group's lr (what schedulers change) through the generic get_lr().
     for (const auto& group : optimizer.param_groups()) {
-      OptimizerSnapshot::Group g;
+      OptimizerState::Group g;
       if (auto lr = lr_of(group)) {
         g.options.emplace_back();
         g.options.back().name = "lr";
@@ -228,7 +229,7 @@ OptimizerSnapshot capture_optimizer(const optim::Optimizer& optimizer) {
   }
   s.type = c->name;
   for (const auto& group : optimizer.param_groups()) {
-    OptimizerSnapshot::Group g;
+    OptimizerState::Group g;
     g.options = c->options(group.options());
     for (const at::Tensor& p : group.params()) {
       auto it = optimizer.state().find(key_of(p));
@@ -244,7 +245,7 @@ OptimizerSnapshot capture_optimizer(const optim::Optimizer& optimizer) {
 }
 
 namespace {
-void restore_archive(const OptimizerSnapshot& s, optim::Optimizer& optimizer,
+void restore_archive(const OptimizerState& s, optim::Optimizer& optimizer,
                      const std::string& source) {
   auto& groups = optimizer.param_groups();
   if (s.groups.size() != groups.size()) {
@@ -272,10 +273,10 @@ void restore_archive(const OptimizerSnapshot& s, optim::Optimizer& optimizer,
 }
 }  // namespace
 
-void restore_optimizer(const OptimizerSnapshot& s, optim::Optimizer& optimizer,
+void restore_optimizer(const OptimizerState& s, optim::Optimizer& optimizer,
                        const std::string& source) {
-  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) {
-    return zero->load_state_dict(s, source);
+  if (auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer)) {
+    return sharded->load_state_dict(s, source);
   }
   const Codec* c = codec_for(optimizer);
   const std::string type = c ? c->name : archive_type(optimizer);
