@@ -19,6 +19,7 @@
 #include "ddp/error.h"
 #include "ddp/logging.h"
 #include "env_names.h"
+#include "error_signs.h"
 #include "flight/flight_recorder.h"
 #include "last_words.h"
 
@@ -54,14 +55,17 @@ bool write_atomically(const std::string& path, const std::string& text) {
   return true;
 }
 
-// Whether an error followed the loss of a peer (ddprun's Note [Root
-// cause]): the texts ddp puts on such errors (work.cc, shm_protocol.cc).
-bool follows_lost_peer(const std::string& message) {
-  for (const char* sign : {"a peer rank closed its connection", "because another rank failed first",
-                           "exited while this collective was running"}) {
-    if (message.find(sign) != std::string::npos) return true;
+// How an error follows another rank's failure (ddprun's Note [Root cause]),
+// by the texts ddp puts on such errors (error_signs.h): a clause for
+// ddprun's summary, or "" when it does not.
+std::string consequence_of(const std::string& message) {
+  for (const char* sign : detail::kLostPeerSigns) {
+    if (message.find(sign) != std::string::npos) return "it lost its connection to a failed rank";
   }
-  return false;
+  if (message.find(detail::kReportedByAnotherRank) != std::string::npos) {
+    return "it reported the error of the rank that failed";
+  }
+  return "";
 }
 
 bool write_error_file(const std::string& message, const std::string& detail) {
@@ -82,7 +86,9 @@ bool write_error_file(const std::string& message, const std::string& detail) {
   // ddprun's (Note [Root cause]); torchrun ignores them.
   j["message"]["extraInfo"]["ddp_timestamp_us"] =
       std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(now).count());
-  j["message"]["extraInfo"]["ddp_lost_peer"] = follows_lost_peer(message) ? "1" : "0";
+  const std::string consequence = consequence_of(message);
+  j["message"]["extraInfo"]["ddp_lost_peer"] = consequence.empty() ? "0" : "1";
+  j["message"]["extraInfo"]["ddp_consequence"] = consequence;
   return write_atomically(path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 

@@ -18,6 +18,7 @@
 #include "checkpoint_format.h"
 #include "ddp/collectives.h"
 #include "ddp/error.h"
+#include "error_signs.h"
 #include "optimizer_state.h"
 #include "tensor_text.h"
 #include "torch_save.h"
@@ -271,8 +272,9 @@ std::string save_checkpoint(const std::string& dir,
   if (group) error = broadcast_string(error, 0, co);
   if (failure) std::rethrow_exception(failure);
   if (!error.empty()) {
-    throw InvalidArgument("rank 0 could not save checkpoint '" + path +
-                          "': " + error);
+    throw InvalidArgument("rank 0 could not save checkpoint '" + path + "': " + error + " (" +
+                          detail::kReportedByAnotherRank +
+                          ": save_checkpoint is collective, so every rank fails with it)");
   }
   return path;
 }
@@ -327,9 +329,10 @@ std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir,
   if (failure) std::rethrow_exception(failure);
   for (size_t r = 0; r < errors.size(); ++r) {
     if (!errors[r].empty()) {
-      throw InvalidArgument("rank " + std::to_string(r) +
-                            " could not load checkpoint '" + path +
-                            "': " + errors[r]);
+      throw InvalidArgument("rank " + std::to_string(r) + " could not load checkpoint '" + path +
+                            "': " + errors[r] + " (" + detail::kReportedByAnotherRank +
+                            ": load_latest_checkpoint is collective, so every rank fails "
+                            "with it)");
     }
   }
   return result;

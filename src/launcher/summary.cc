@@ -77,6 +77,7 @@ void read_error_facts(WorkerResult& w) {
       w.error_time = std::stod(extra["ddp_timestamp_us"].get<std::string>()) / 1e6;
     }
     w.lost_peer = extra.value("ddp_lost_peer", std::string("0")) == "1";
+    w.consequence = extra.value("ddp_consequence", std::string());
   } catch (const std::exception&) {
     // torchrun's format without our fields, or unreadable: the end time counts
   }
@@ -124,16 +125,24 @@ std::string root_cause_line(const FailureReport& r) {
                          : describe_end(r.exit_code, r.signal));
 }
 
+// ", a consequence: it lost its connection to a failed rank", or "".
+std::string consequence_clause(const WorkerResult& w) {
+  if (!w.lost_peer) return "";
+  return ", a consequence: " +
+         (w.consequence.empty() ? std::string("it lost its connection to a failed rank")
+                                : w.consequence);
+}
+
 std::string describe_worker(const WorkerResult& w) {
   switch (w.end) {
     case WorkerEnd::kSucceeded: return "finished (exit code 0)";
     case WorkerEnd::kStopped:
-      return fmt::format("stopped by ddprun ({}){}", describe_end(w.exit_code, w.signal),
-                         w.error_time > 0 ? " after recording an error" : "");
+      return fmt::format("stopped by ddprun ({}){}{}", describe_end(w.exit_code, w.signal),
+                         w.error_time > 0 ? " after recording an error" : "",
+                         w.error_time > 0 ? consequence_clause(w) : "");
     case WorkerEnd::kFailed:
       return fmt::format("failed too ({}){}", describe_end(w.exit_code, w.signal),
-                         w.lost_peer ? ", a consequence: it lost its connection to a failed rank"
-                                     : "");
+                         consequence_clause(w));
     case WorkerEnd::kRunning: break;
   }
   return fmt::format("still running after SIGKILL (pid {})", w.pid);

@@ -48,9 +48,12 @@ std::string read_error_message(const std::string& path);
 // first exit ddprun happens to reap: a rank may record its error and take a
 // while to exit (or be stopped by ddprun before it does), while a peer that
 // lost it fails and exits at once. A ddp program's error file holds when the
-// error was recorded (microseconds) and whether it followed the loss of a
-// peer ("a peer rank closed its connection", "another rank failed first", a
-// co-located rank that exited). Among the failed workers, and the stopped
+// error was recorded (microseconds) and whether it follows another rank's
+// failure (src/error_signs.h: a lost peer, "a peer rank closed its
+// connection", "another rank failed first", a co-located rank that exited;
+// or another rank's error reported by a collective call, as save_checkpoint
+// reports rank 0's full disk on every rank at once, so that the times alone
+// cannot tell). Among the failed workers, and the stopped
 // ones that had recorded an error, the root cause is the earliest that did
 // not lose a peer, else the earliest; a worker without an error file counts
 // at the time ddprun saw it end.

@@ -51,6 +51,9 @@ struct WorkerResult {
   // whether it followed the loss of a peer (Note [Root cause]).
   double error_time = 0;
   bool lost_peer = false;
+  // How it follows another rank's failure, for the summary ("it lost its
+  // connection to a failed rank"); "" when unknown.
+  std::string consequence;
 };
 
 enum class GroupOutcome {

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <dirent.h>
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <fstream>
@@ -177,6 +178,42 @@ TEST_F(DdpTrainFaults, ExitOutsideTheCollectivesIsNamedByTheVerdict) {
   EXPECT_TRUE(has(r.err, "rank 1 ended on its own with exit code 3")) << r.err;
   EXPECT_FALSE(has(r.err, "nobody is to blame")) << r.err;
   EXPECT_LT(took_, 60.0);
+  expect_nothing_left();
+}
+
+// A full disk under the checkpoint directory (a real one: a 1 MiB tmpfs, so
+// the model file of epoch 1 does not fit): rank 0 fails writing it and the
+// other ranks fail with rank 0's error at the same moment. The summary names
+// rank 0, whose error it is, however the times fall, and says of the others
+// that they only reported it. Needs the right to mount (root), else skipped.
+TEST_F(DdpTrainFaults, AFullDiskNamesTheRankThatCouldNotWrite) {
+  const std::string disk = dir_ + "/disk";
+  std::filesystem::create_directories(disk);
+  if (::system(("mount -t tmpfs -o size=1m tmpfs '" + disk + "' 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root): the full disk is not simulated";
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { (void)::system(("umount -l '" + path + "'").c_str()); }
+  } unmount{disk};
+  ProcessResult r = train(dir_ + "/a", {"--checkpoint-dir", disk + "/ck"}, {}, "", 3);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_TRUE(has(r.err, "Root cause (first observed failure): rank 0 (local_rank 0)")) << r.err;
+  EXPECT_TRUE(has(r.err, "No space left on device")) << r.err;
+  // Each either failed at once or was stopped by ddprun after recording
+  // its error: which, is a race; the consequence is said either way.
+  for (int rank : {1, 2}) {
+    const std::string head = fmt::format("  rank {} (local_rank {}): ", rank, rank);
+    const size_t at = r.err.find(head);
+    ASSERT_NE(at, std::string::npos) << r.err;
+    const std::string line = r.err.substr(at, r.err.find('\n', at) - at);
+    EXPECT_TRUE(has(line, "(exit code 1)")) << line;
+    EXPECT_TRUE(has(line, ", a consequence: it reported the error of the rank that failed"))
+        << line;
+  }
+  EXPECT_TRUE(has(r.err, "(reported by that rank: save_checkpoint is collective")) << r.err;
+  EXPECT_TRUE(entries_of(disk + "/ck", "checkpoint-").empty());  // nothing half-written
   expect_nothing_left();
 }
 
