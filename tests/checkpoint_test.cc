@@ -38,6 +38,7 @@
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/error.h"
 #include "support/oracle.h"
+#include "support/temp_dir.h"
 #include "support/thread_world.h"
 
 namespace ddp {
@@ -47,6 +48,7 @@ namespace fs = std::filesystem;
 using testing::is_a;
 using testing::message_of;
 using testing::run_ranks_collect;
+using testing::TempDir;
 
 // fc1 -> bn -> relu -> dropout -> fc2: parameters, buffers (BatchNorm
 // running stats, an int64 counter) and a use of the RNG in every step.
@@ -132,18 +134,6 @@ void expect_same_state(Net& a, Net& b) {
     EXPECT_TRUE(at::equal(ba[i].value(), bb[i].value())) << ba[i].key();
   }
 }
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ddp-ckpt-XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -234,19 +224,19 @@ TEST_P(OptimizerTest, ResumeEndsWithTheParametersOfAnUninterruptedRun) {
     auto opt = make_optimizer(GetParam(), first);
     opt->param_groups()[0].options().set_lr(0.02);
     train(first, *opt, 3);
-    save_checkpoint(dir.path, *first, opt.get(), 1, 3);
+    save_checkpoint(dir.path(), *first, opt.get(), 1, 3);
   }
-  Net resumed = resume(dir.path, GetParam(), 3);
+  Net resumed = resume(dir.path(), GetParam(), 3);
   expect_same_state(straight, resumed);
 
   // Controls: each part of the checkpoint matters to the result.
   RestoreOptions no_rng;
   no_rng.rng = false;
-  Net without_rng = resume(dir.path, GetParam(), 3, no_rng);
+  Net without_rng = resume(dir.path(), GetParam(), 3, no_rng);
   EXPECT_FALSE(same_parameters(straight, without_rng));
   RestoreOptions no_optimizer;
   no_optimizer.optimizer = false;
-  Net without_optimizer = resume(dir.path, GetParam(), 3, no_optimizer);
+  Net without_optimizer = resume(dir.path(), GetParam(), 3, no_optimizer);
   EXPECT_FALSE(same_parameters(straight, without_optimizer));
 }
 
@@ -256,26 +246,26 @@ INSTANTIATE_TEST_SUITE_P(All, OptimizerTest,
 
 TEST(Checkpoint, FilesLatestAndKeepLast) {
   TempDir dir;
-  EXPECT_FALSE(latest_checkpoint_path(dir.path + "/missing").has_value());
-  EXPECT_FALSE(load_latest_checkpoint(dir.path).has_value());
+  EXPECT_FALSE(latest_checkpoint_path(dir.file("missing")).has_value());
+  EXPECT_FALSE(load_latest_checkpoint(dir.path()).has_value());
   Net net;
   SaveOptions o;
   o.keep_last = 2;
   o.metadata = {{"config", "{\"lr\": 0.1}"}};
   for (int epoch = 1; epoch <= 3; ++epoch) {
-    std::string path = save_checkpoint(dir.path, *net, nullptr, epoch, 100 * epoch, o);
-    EXPECT_EQ(path, dir.path + "/checkpoint-epoch00000" + std::to_string(epoch) +
+    std::string path = save_checkpoint(dir.path(), *net, nullptr, epoch, 100 * epoch, o);
+    EXPECT_EQ(path, dir.path() + "/checkpoint-epoch00000" + std::to_string(epoch) +
                         "-step000000000" + std::to_string(100 * epoch) + ".ddpckpt");
   }
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir.path)) names.push_back(e.path().filename());
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{
                        "checkpoint-epoch000002-step000000000200.ddpckpt",
                        "checkpoint-epoch000002-step000000000200.model.pt",
                        "checkpoint-epoch000003-step000000000300.ddpckpt",
                        "checkpoint-epoch000003-step000000000300.model.pt"}));
-  auto ckpt = load_latest_checkpoint(dir.path);
+  auto ckpt = load_latest_checkpoint(dir.path());
   ASSERT_TRUE(ckpt);
   EXPECT_EQ(ckpt->epoch, 3);
   EXPECT_EQ(ckpt->metadata.at("config"), "{\"lr\": 0.1}");
@@ -309,7 +299,7 @@ TEST(Checkpoint, SavingOnRankZeroAloneNamesTheCallAndWhereTheOthersAre) {
       std::atomic<bool>& flag;
       ~Done() { flag = true; }
     } done{rank0_done};
-    save_checkpoint(dir.path, *lin, nullptr, 0, 1);
+    save_checkpoint(dir.path(), *lin, nullptr, 0, 1);
   }, o);
   ASSERT_TRUE(is_a<TimeoutError>(errors[0])) << message_of(errors[0]);
   const std::string what = message_of(errors[0]);
@@ -326,19 +316,19 @@ TEST(Checkpoint, SavingOnRankZeroAloneNamesTheCallAndWhereTheOthersAre) {
 TEST(Checkpoint, ACrashBeforeTheRenameLeavesThePreviousCheckpoint) {
   TempDir dir;
   Net net;
-  save_checkpoint(dir.path, *net, nullptr, 1, 10);
+  save_checkpoint(dir.path(), *net, nullptr, 1, 10);
   // What a writer killed between write and rename leaves: a partial
   // temporary file (and possibly the next model file).
   std::string full = detail::serialize_checkpoint(capture_checkpoint(*net, nullptr, 2, 20));
-  std::string tmp = dir.path + "/.checkpoint-epoch000002-step000000000020.ddpckpt.tmp.4242";
+  std::string tmp = dir.file(".checkpoint-epoch000002-step000000000020.ddpckpt.tmp.4242");
   write_file(tmp, full.substr(0, full.size() / 2));
-  auto ckpt = load_latest_checkpoint(dir.path);
+  auto ckpt = load_latest_checkpoint(dir.path());
   ASSERT_TRUE(ckpt);
   EXPECT_EQ(ckpt->epoch, 1);
   // The next save removes the leftover.
-  save_checkpoint(dir.path, *net, nullptr, 2, 20);
+  save_checkpoint(dir.path(), *net, nullptr, 2, 20);
   EXPECT_FALSE(fs::exists(tmp));
-  EXPECT_EQ(load_latest_checkpoint(dir.path)->epoch, 2);
+  EXPECT_EQ(load_latest_checkpoint(dir.path())->epoch, 2);
 }
 
 // A full disk (here: a file size limit that the model file fits and the
@@ -351,11 +341,11 @@ TEST(Checkpoint, AFullDiskLeavesNoModelFileWithoutItsCheckpoint) {
   for (auto& p : net->parameters()) p.mutable_grad() = at::ones_like(p);
   adam.step();  // exp_avg and exp_avg_sq: the checkpoint is 3x the model
   TempDir sizes;
-  save_checkpoint(sizes.path, *net, &adam, 1, 1);
+  save_checkpoint(sizes.path(), *net, &adam, 1, 1);
   const size_t model_bytes =
-      fs::file_size(sizes.path + "/checkpoint-epoch000001-step000000000001.model.pt");
+      fs::file_size(sizes.file("checkpoint-epoch000001-step000000000001.model.pt"));
   const size_t ckpt_bytes =
-      fs::file_size(sizes.path + "/checkpoint-epoch000001-step000000000001.ddpckpt");
+      fs::file_size(sizes.file("checkpoint-epoch000001-step000000000001.ddpckpt"));
   ASSERT_LT(model_bytes + 1024, ckpt_bytes);
   struct rlimit old {};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
@@ -365,7 +355,7 @@ TEST(Checkpoint, AFullDiskLeavesNoModelFileWithoutItsCheckpoint) {
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
   std::string error;
   try {
-    save_checkpoint(dir.path, *net, &adam, 1, 1);
+    save_checkpoint(dir.path(), *net, &adam, 1, 1);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -373,12 +363,12 @@ TEST(Checkpoint, AFullDiskLeavesNoModelFileWithoutItsCheckpoint) {
   ::signal(SIGXFSZ, old_handler);
   EXPECT_NE(error.find(".checkpoint-epoch000001-step000000000001.ddpckpt.tmp."), std::string::npos)
       << error;
-  EXPECT_TRUE(fs::is_empty(dir.path)) << "left: " << fs::directory_iterator(dir.path)->path();
+  EXPECT_TRUE(fs::is_empty(dir.path())) << "left: " << fs::directory_iterator(dir.path())->path();
   // A model file orphaned by a crash between the renames goes at the next save.
-  std::ofstream(dir.path + "/checkpoint-epoch000001-step000000000001.model.pt") << "x";
-  save_checkpoint(dir.path, *net, &adam, 2, 2);
-  EXPECT_FALSE(fs::exists(dir.path + "/checkpoint-epoch000001-step000000000001.model.pt"));
-  EXPECT_TRUE(fs::exists(dir.path + "/checkpoint-epoch000002-step000000000002.model.pt"));
+  std::ofstream(dir.file("checkpoint-epoch000001-step000000000001.model.pt")) << "x";
+  save_checkpoint(dir.path(), *net, &adam, 2, 2);
+  EXPECT_FALSE(fs::exists(dir.file("checkpoint-epoch000001-step000000000001.model.pt")));
+  EXPECT_TRUE(fs::exists(dir.file("checkpoint-epoch000002-step000000000002.model.pt")));
 }
 
 TEST(Checkpoint, TruncatedAndCorruptFilesNameTheFileAndTheProblem) {
@@ -387,7 +377,7 @@ TEST(Checkpoint, TruncatedAndCorruptFilesNameTheFileAndTheProblem) {
   optim::SGD opt(net->parameters(), optim::SGDOptions(0.1).momentum(0.9));
   train(net, opt, 1);
   const std::string good = detail::serialize_checkpoint(capture_checkpoint(*net, &opt, 1, 1));
-  const std::string path = dir.path + "/c.ddpckpt";
+  const std::string path = dir.file("c.ddpckpt");
   struct Case { std::string bytes, expect; };
   std::string flipped = good;
   flipped[good.size() / 2] ^= 0x10;
@@ -408,7 +398,7 @@ TEST(Checkpoint, TruncatedAndCorruptFilesNameTheFileAndTheProblem) {
     EXPECT_NE(msg.find("checkpoint '" + path + "'"), std::string::npos) << msg;
     EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
   }
-  EXPECT_NE(message_of_load(dir.path + "/absent").find("No such file"), std::string::npos);
+  EXPECT_NE(message_of_load(dir.file("absent")).find("No such file"), std::string::npos);
 }
 
 TEST(Checkpoint, EveryTruncationAndMutationIsAnInvalidArgument) {
@@ -496,9 +486,9 @@ TEST(Checkpoint, TwoRanksSaveOnceAndLoadTheSameFile) {
   TempDir dir;
   auto errors = run_ranks_collect(2, [&](int r) {
     Net net;
-    std::string path = save_checkpoint(dir.path, *net, nullptr, 4, 40);
+    std::string path = save_checkpoint(dir.path(), *net, nullptr, 4, 40);
     EXPECT_TRUE(fs::exists(path)) << "rank " << r;  // durable when it returns
-    auto ckpt = load_latest_checkpoint(dir.path);
+    auto ckpt = load_latest_checkpoint(dir.path());
     ASSERT_TRUE(ckpt);
     EXPECT_EQ(ckpt->epoch, 4);
     EXPECT_EQ(ckpt->rng.size(), 2u);  // every rank's generator
@@ -508,7 +498,7 @@ TEST(Checkpoint, TwoRanksSaveOnceAndLoadTheSameFile) {
 
 TEST(Checkpoint, ASaveThatFailsOnRankZeroThrowsOnEveryRank) {
   TempDir dir;
-  const std::string blocked = dir.path + "/file";
+  const std::string blocked = dir.file("file");
   write_file(blocked, "not a directory");
   auto errors = run_ranks_collect(2, [&](int) {
     Net net;
@@ -552,7 +542,7 @@ TEST(CheckpointCrash, SigkillAtRandomMomentsLeavesALoadableLatest) {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, out[1], 1);
     posix_spawn_file_actions_addclose(&actions, out[0]);
-    std::string dir_arg = dir.path;
+    std::string dir_arg = dir.path();
     char* argv[] = {const_cast<char*>(writer.c_str()), dir_arg.data(), nullptr};
     pid_t pid;
     ASSERT_EQ(::posix_spawn(&pid, writer.c_str(), &actions, nullptr, argv, environ), 0)
@@ -568,18 +558,18 @@ TEST(CheckpointCrash, SigkillAtRandomMomentsLeavesALoadableLatest) {
     ::close(out[0]);
     ASSERT_EQ(ready.rfind("ready ", 0), 0u) << "round " << round << ": writer said '"
                                             << ready << "' (exit status " << status << ")";
-    for (const auto& e : fs::directory_iterator(dir.path)) {
+    for (const auto& e : fs::directory_iterator(dir.path())) {
       if (e.path().filename().string().find(".tmp.") != std::string::npos) {
         ++killed_mid_write;
         break;
       }
     }
-    auto ckpt = load_latest_checkpoint(dir.path);
+    auto ckpt = load_latest_checkpoint(dir.path());
     ASSERT_TRUE(ckpt.has_value());
     EXPECT_GE(ckpt->epoch, last_epoch);
     EXPECT_GE(ckpt->epoch, std::stoll(ready.substr(6)));
     last_epoch = ckpt->epoch;
-    for (const auto& e : fs::directory_iterator(dir.path)) {
+    for (const auto& e : fs::directory_iterator(dir.path())) {
       if (e.path().extension() == ".ddpckpt") {
         EXPECT_NO_THROW(load_checkpoint(e.path().string())) << e.path();
       }
@@ -596,9 +586,9 @@ TEST(Checkpoint, PythonTorchLoadReadsTheModelFile) {
   Net net;
   optim::SGD opt(net->parameters(), optim::SGDOptions(0.1));
   train(net, opt, 2);
-  std::string path = save_checkpoint(dir.path, *net, &opt, 1, 2);
+  std::string path = save_checkpoint(dir.path(), *net, &opt, 1, 2);
   std::string model_pt = path.substr(0, path.size() - 8) + ".model.pt";
-  const std::string script = dir.path + "/load.py";
+  const std::string script = dir.file("load.py");
   write_file(script, R"(import sys, torch
 sd = torch.load(sys.argv[1])
 net = torch.nn.Module()

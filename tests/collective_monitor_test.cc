@@ -11,6 +11,7 @@
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/error.h"
 #include "support/models.h"
+#include "support/scoped_env.h"
 #include "support/thread_world.h"
 
 namespace ddp::testing {
@@ -18,17 +19,12 @@ namespace {
 
 using std::chrono::milliseconds;
 
-struct DebugGuard {
-  DebugGuard() { setenv("DDP_DEBUG", "1", 1); }
-  ~DebugGuard() { unsetenv("DDP_DEBUG"); }
-};
-
 bool has(const std::exception_ptr& e, const std::string& part) {
   return message_of(e).find(part) != std::string::npos;
 }
 
 TEST(DebugMode, DifferentOperationsRaiseOnEveryRank) {
-  DebugGuard debug;
+  ScopedEnv debug("DDP_DEBUG", "1");
   auto errors = run_ranks_collect(2, [](int r) {
     at::Tensor t = at::ones({4});
     all_reduce(t);  // the same on both: passes the check
@@ -48,7 +44,7 @@ TEST(DebugMode, DifferentOperationsRaiseOnEveryRank) {
 }
 
 TEST(DebugMode, DifferentShapesRaiseInsteadOfAborting) {
-  DebugGuard debug;
+  ScopedEnv debug("DDP_DEBUG", "1");
   auto errors = run_ranks_collect(3, [](int r) {
     at::Tensor t = at::ones({r == 2 ? 5 : 4});
     all_reduce(t);
@@ -61,7 +57,7 @@ TEST(DebugMode, DifferentShapesRaiseInsteadOfAborting) {
 }
 
 TEST(DebugMode, UnevenInputsWithoutJoinRaiseOnBothRanks) {
-  DebugGuard debug;
+  ScopedEnv debug("DDP_DEBUG", "1");
   auto errors = run_ranks_collect(2, [](int r) {
     Mlp net;
     DistributedDataParallel<Mlp> model(net);
@@ -77,7 +73,7 @@ TEST(DebugMode, UnevenInputsWithoutJoinRaiseOnBothRanks) {
 
 TEST(StallInspector, WarnsWhoHasNotArrivedThenCompletes) {
   ThreadWorldOptions o;
-  setenv("DDP_STALL_WARNING_S", "0.4", 1);
+  ScopedEnv stall_warning("DDP_STALL_WARNING_S", "0.4");
   ::testing::internal::CaptureStderr();
   run_ranks(2, [](int r) {
     at::Tensor t = at::ones({4});
@@ -87,7 +83,6 @@ TEST(StallInspector, WarnsWhoHasNotArrivedThenCompletes) {
     EXPECT_TRUE(t.equal(at::ones({4}) * 2));
   }, o);
   std::string err = ::testing::internal::GetCapturedStderr();
-  unsetenv("DDP_STALL_WARNING_S");
   EXPECT_NE(err.find("[rank0]: WARNING: ddp: all_reduce #1 on rank 0 of 2 (gloo) has waited"),
             std::string::npos) << err;
   EXPECT_NE(err.find("rank 1 has not reached it: at step -1, last started barrier #0 on rank 1 of 2 "

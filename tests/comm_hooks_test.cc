@@ -2,80 +2,21 @@
 // PyTorch's give (ddp_oracle_test checks them against Python too), a user's
 // hook sees the buckets as documented and is fully in charge of the result,
 // and hooks work with no_sync, find_unused_parameters,
-// gradient_as_bucket_view and join.
+// gradient_as_bucket_view and join. PowerSGD's hooks: powersgd_test.cc.
 #include <gtest/gtest.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include <atomic>
 #include <mutex>
 
 #include "ddp/comm_hooks.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/error.h"
-#include "ddp/join.h"
-#include "ddp/powersgd.h"
+#include "support/branchy_training.h"
 #include "support/model_state.h"
 #include "support/models.h"
-#include "support/thread_world.h"
 
 namespace ddp::testing {
 namespace {
-
-constexpr int kBatch = 4;
-
-struct TrainRun {
-  int world = 2;
-  int steps = 3;
-  int accumulate = 1;            // micro-steps per step, the first under no_sync
-  std::vector<int> rank_steps;   // non-empty: uneven steps under join
-  DistributedDataParallelOptions options;
-  // Called on each rank's wrapper before training (register a hook here).
-  std::function<void(DistributedDataParallel<Branchy>&, int rank)> setup;
-  bool aux_on_rank1 = false;     // Branchy's aux head used by rank 1 only (else by all)
-};
-
-// Deterministic per (step, rank), and safe on rank threads (own generator).
-at::Tensor data(int step, int rank, int64_t cols) {
-  at::Generator gen = at::detail::createCPUGenerator(1000 + 31 * step + rank);
-  return torch::randn({kBatch, cols}, gen);
-}
-
-// Trains Branchy from one seed on run.world thread ranks with SGD; returns
-// every rank's final state.
-std::vector<NamedState> train(const TrainRun& run) {
-  torch::manual_seed(3);
-  Branchy init;
-  std::vector<Branchy> models(run.world);
-  for (auto& m : models) copy_state(init, m);
-  std::vector<NamedState> states(run.world);
-  run_ranks(run.world, [&](int r) {
-    DistributedDataParallel<Branchy> model(models[r], run.options);
-    if (run.setup) run.setup(model, r);
-    torch::optim::SGD opt(model.parameters(), 0.1);
-    auto step = [&](int s) {
-      opt.zero_grad();
-      for (int k = 0; k < run.accumulate; ++k) {
-        auto out = model(data(s * run.accumulate + k, r, 8), !run.aux_on_rank1 || r == 1);
-        auto loss = torch::mse_loss(out, data(s * run.accumulate + k, r + 100, 4));
-        if (k + 1 < run.accumulate) {
-          auto guard = model.no_sync();
-          loss.backward();
-        } else {
-          loss.backward();
-        }
-      }
-      opt.step();
-    };
-    if (run.rank_steps.empty()) {
-      for (int s = 0; s < run.steps; ++s) step(s);
-    } else {
-      join(model, [&] { for (int s = 0; s < run.rank_steps[r]; ++s) step(s); });
-    }
-    states[r] = state_of(models[r]);
-  });
-  return states;
-}
 
 // The rank-0 gradients of one synchronised backward with `hook` (or none).
 NamedState one_backward(int world, const CommHook& hook) {
@@ -389,126 +330,6 @@ TEST(CommHooks, BucketWorkThenChainsAndWaitIsRepeatable) {
   EXPECT_THROW(failing.wait(), std::runtime_error);
   EXPECT_THROW(failing.wait(), std::runtime_error);
   EXPECT_EQ(calls, 2);
-}
-
-// ---- PowerSGD (powersgd.h); ddp_oracle_test compares it with Python's ----
-
-// Rank 0's state after `steps` steps with a PowerSGD state built from `o`
-// on every rank (each rank its own state, as in PyTorch).
-std::vector<NamedState> train_powersgd(const PowerSGDOptions& o, bool batched, int steps,
-                                       std::vector<PowerSGDState::CompressionStats>* stats = nullptr,
-                                       double bucket_cap_mb = 25) {
-  TrainRun run;
-  run.steps = steps;
-  run.options.bucket_cap_mb = bucket_cap_mb;
-  run.options.first_bucket_cap_mb = std::min(bucket_cap_mb, 1.0);
-  std::vector<std::shared_ptr<PowerSGDState>> states;
-  for (int r = 0; r < run.world; ++r) states.push_back(std::make_shared<PowerSGDState>(o));
-  run.setup = [&](auto& model, int r) {
-    if (batched) {
-      model.register_comm_hook(states[r], batched_powerSGD_hook, "batched_powerSGD");
-    } else {
-      model.register_comm_hook(states[r], powerSGD_hook, "powerSGD");
-    }
-  };
-  auto out = train(run);
-  if (stats) {
-    for (const auto& s : states) stats->push_back(s->compression_stats());
-  }
-  return out;
-}
-
-TrainRun plain_steps(int steps) {
-  TrainRun run;
-  run.steps = steps;
-  return run;
-}
-
-TEST(PowerSgd, BeforeStartIterItIsThePlainAllReduce) {
-  PowerSGDOptions o;
-  o.start_powerSGD_iter = 3;
-  auto got = train_powersgd(o, false, 3);
-  auto want = train(plain_steps(3));
-  expect_same_state(got[0], want[0], "iterations 0..2", 1e-6);
-}
-
-// At full rank, and with every matrix compressed (min_compression_rate 0),
-// P·Qᵀ reproduces the average exactly up to rounding: the QR path (rank > 2)
-// and the vectors (n x 1 matrices) included.
-TEST(PowerSgd, FullRankIsLossless) {
-  PowerSGDOptions o;
-  o.start_powerSGD_iter = 2;
-  o.min_compression_rate = 0;
-  o.matrix_approximation_rank = 16;
-  auto want = train(plain_steps(4));
-  expect_same_state(train_powersgd(o, false, 4)[0], want[0], "powerSGD at full rank", 1e-4);
-  o.matrix_approximation_rank = 17;  // ceil(sqrt(280 elements))
-  expect_same_state(train_powersgd(o, true, 4)[0], want[0], "batched at full rank", 1e-4);
-}
-
-TEST(PowerSgd, RankOneCompressesTheLargeMatricesOnlyAndKeepsReplicasIdentical) {
-  PowerSGDOptions o;
-  o.start_powerSGD_iter = 2;
-  std::vector<PowerSGDState::CompressionStats> stats;
-  auto got = train_powersgd(o, false, 4, &stats);
-  // Branchy per compressed iteration: body.weight 16x8 -> (16+8)*1, head and
-  // aux weights 4x16 -> 20 each; the biases (16, 4, 4) stay: 280 -> 88.
-  for (const auto& s : stats) {
-    EXPECT_EQ(s.numel_before, 2 * 280);
-    EXPECT_EQ(s.numel_after, 2 * 88);
-    EXPECT_DOUBLE_EQ(s.rate, 280.0 / 88.0);
-  }
-  expect_same_state(got[0], got[1], "replicas", 0);
-  // The compression is real: rank 1 loses information.
-  EXPECT_GT(max_diff(got[0], train(plain_steps(4))[0]), 1e-4);
-  // Same seed, same numbers; another seed, others.
-  expect_same_state(got[0], train_powersgd(o, false, 4)[0], "same seed", 0);
-  o.random_seed = 7;
-  EXPECT_GT(max_diff(got[0], train_powersgd(o, false, 4)[0]), 1e-7);
-}
-
-// Several buckets (~100-byte caps), each with its own P, Q and error; no
-// warm start (P and Q drawn anew each time) and no error feedback.
-TEST(PowerSgd, SeveralBucketsWithoutWarmStartOrErrorFeedback) {
-  PowerSGDOptions o;
-  o.start_powerSGD_iter = 2;
-  o.min_compression_rate = 0;
-  o.matrix_approximation_rank = 16;
-  o.warm_start = false;
-  o.use_error_feedback = false;
-  auto want = train(plain_steps(4));
-  expect_same_state(train_powersgd(o, false, 4, nullptr, 1e-4)[0], want[0],
-                    "full rank, several buckets", 1e-4);
-  o.matrix_approximation_rank = 17;
-  expect_same_state(train_powersgd(o, true, 4, nullptr, 1e-4)[0], want[0],
-                    "batched, full rank, several buckets", 1e-4);
-  // At rank 1 the options change the numbers (each path is taken).
-  o.matrix_approximation_rank = 1;
-  o.min_compression_rate = 2;
-  auto plain = train_powersgd(o, false, 4, nullptr, 1e-4);
-  expect_same_state(plain[0], plain[1], "replicas", 0);
-  o.use_error_feedback = true;
-  auto feedback = train_powersgd(o, false, 4, nullptr, 1e-4);
-  EXPECT_GT(max_diff(plain[0], feedback[0]), 1e-6);
-  o.warm_start = true;
-  EXPECT_GT(max_diff(feedback[0], train_powersgd(o, false, 4, nullptr, 1e-4)[0]), 1e-6);
-}
-
-TEST(PowerSgd, BadOptionsAreRefusedAsInPyTorch) {
-  PowerSGDOptions o;
-  o.start_powerSGD_iter = 1;
-  try {
-    PowerSGDState s(o);
-    FAIL() << "expected InvalidArgument";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("start_powerSGD_iter is 1; it must be > 1"),
-              std::string::npos);
-  }
-  o.use_error_feedback = false;
-  o.warm_start = false;
-  EXPECT_NO_THROW(PowerSGDState{o});
-  o.matrix_approximation_rank = 0;
-  EXPECT_THROW(PowerSGDState{o}, InvalidArgument);
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -19,18 +18,21 @@
 #include "support/model_state.h"
 #include "support/models.h"
 #include "support/oracle.h"
+#include "support/temp_dir.h"
 #include "support/thread_world.h"
 
 namespace ddp::testing {
 namespace {
 
-namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr int kWorld = 2;
 constexpr int kBatch = 4;
 constexpr int kSteps = 4;
 
+// One scenario, written with designated initialisers ({.model = "mlp",
+// .accumulate = 2}: C++20's, which GCC and Clang accept in this project's
+// C++17 builds too), the fields named in this order.
 struct Scenario {
   std::string model;  // "mlp", "bncnn", "branchy"
   int64_t in = 8;
@@ -205,84 +207,68 @@ TEST(DdpOracle, MatchesPythonDistributedDataParallel) {
   json spec;
   spec["world"] = kWorld;
   std::vector<std::function<void(const json&)>> checks;
-  add_case<Mlp>({"mlp"}, spec, checks);
-  add_case<BnCnn>({"bncnn", 36}, spec, checks);
-  add_case<Mlp>({"mlp", 8, false, true}, spec, checks);          // gradient_as_bucket_view
-  add_case<Mlp>({"mlp", 8, false, false, 2}, spec, checks);      // no_sync, 2 micro-batches
-  add_case<Branchy>({"branchy", 8, true, false, 1, 1}, spec, checks);  // aux used on rank 1
-  add_case<Mlp>({"mlp", 8, false, false, 1, -1, {2, 4}, true}, spec, checks);   // join
-  add_case<Mlp>({"mlp", 8, false, false, 1, -1, {3, 1}, false}, spec, checks);  // join, /active
+  add_case<Mlp>({.model = "mlp"}, spec, checks);
+  add_case<BnCnn>({.model = "bncnn", .in = 36}, spec, checks);
+  add_case<Mlp>({.model = "mlp", .bucket_view = true}, spec, checks);
+  add_case<Mlp>({.model = "mlp", .accumulate = 2}, spec, checks);  // no_sync, 2 micro-batches
+  // aux used on rank 1
+  add_case<Branchy>({.model = "branchy", .find_unused = true, .aux_rank = 1}, spec, checks);
+  // join: dividing by the initial world size, then by the ranks still active
+  add_case<Mlp>({.model = "mlp", .rank_steps = {2, 4}, .divide_by_initial = true}, spec, checks);
+  add_case<Mlp>({.model = "mlp", .rank_steps = {3, 1}, .divide_by_initial = false}, spec, checks);
 #if TORCH_VERSION_MAJOR >= 2
   // aux used by rank 1 in the first of 2 micro-steps only (inside no_sync):
   // its accumulated gradient must be averaged, not kept per rank. PyTorch
   // 1.13 keeps each rank's own gradient there (the silent divergence ddp
   // avoids); DdpNoSync.ParameterUsedOnlyInMicroStepsIsAveragedOnEveryRank
   // checks ddp against one process on both libtorch versions.
-  add_case<Branchy>({"branchy", 8, true, false, 2, 1, {}, true, 0}, spec, checks);
+  add_case<Branchy>(
+      {.model = "branchy", .find_unused = true, .accumulate = 2, .aux_rank = 1, .aux_micro = 0},
+      spec, checks);
 #endif
   // Built-in comm hooks, as torch.distributed.algorithms.ddp_comm_hooks.
   for (std::string hook : {"allreduce", "fp16_compress", "fp16_compress_wrapper(allreduce)"}) {
-    Scenario sc{"mlp"};
-    sc.comm_hook = hook;
-    add_case<Mlp>(sc, spec, checks);
+    add_case<Mlp>({.model = "mlp", .comm_hook = hook}, spec, checks);
   }
-  {
-    Scenario sc{"branchy", 8, true, false, 2, 1};  // no_sync + find_unused
-    sc.comm_hook = "allreduce";
-    add_case<Branchy>(sc, spec, checks);
-    sc.comm_hook = "fp16_compress";
-    add_case<Branchy>(sc, spec, checks);
+  for (std::string hook : {"allreduce", "fp16_compress"}) {  // no_sync + find_unused
+    add_case<Branchy>({.model = "branchy", .find_unused = true, .accumulate = 2, .aux_rank = 1,
+                       .comm_hook = hook},
+                      spec, checks);
   }
 #if TORCH_VERSION_MAJOR >= 2
   // PowerSGD from iteration 2 of 4, error feedback and warm start on.
   // (PyTorch 1.13's hooks differ: no batch_tensors_with_same_shape, 2-D
   // orthogonalisation; ddp follows 2.x.)
   for (std::string hook : {"powerSGD rank=1", "powerSGD rank=2", "batched_powerSGD rank=1"}) {
-    Scenario sc{"mlp"};
-    sc.comm_hook = hook;
-    add_case<Mlp>(sc, spec, checks);
+    add_case<Mlp>({.model = "mlp", .comm_hook = hook}, spec, checks);
   }
-  {
-    Scenario sc{"tied"};  // "w" and "mid.weight": two 8x8 matrices, stacked
-    sc.comm_hook = "powerSGD rank=1 same_shape";
-    add_case<Tied>(sc, spec, checks);
-  }
-  {
-    Scenario sc{"mlp"};  // PyTorch 1.13's Gloo cannot reduce bfloat16
-    sc.comm_hook = "bf16_compress";
-    add_case<Mlp>(sc, spec, checks);
-  }
+  // "w" and "mid.weight": two 8x8 matrices, stacked.
+  add_case<Tied>({.model = "tied", .comm_hook = "powerSGD rank=1 same_shape"}, spec, checks);
+  // PyTorch 1.13's Gloo cannot reduce bfloat16.
+  add_case<Mlp>({.model = "mlp", .comm_hook = "bf16_compress"}, spec, checks);
 #endif
   // static_graph: a module called twice (plain, and checkpointed with a
   // re-entrant backward: its gradient accumulates twice), and a parameter
   // used on one rank only, without find_unused_parameters.
   for (std::string model : {"twice", "twice_checkpointed"}) {
-    Scenario sc{model};
-    sc.static_graph = true;
-    add_case<Twice>(sc, spec, checks);
+    add_case<Twice>({.model = model, .static_graph = true}, spec, checks);
   }
-  {
-    Scenario sc{"branchy", 8, false, false, 1, 1};
-    sc.static_graph = true;
-    add_case<Branchy>(sc, spec, checks);
-  }
+  add_case<Branchy>({.model = "branchy", .aux_rank = 1, .static_graph = true}, spec, checks);
   // A tied weight through the optimizer: stepped once per step, as Python.
-  add_case<Tied>({"tied"}, spec, checks);
+  add_case<Tied>({.model = "tied"}, spec, checks);
 
-  fs::path dir = fs::temp_directory_path() / ("ddp-oracle-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  std::ofstream(dir / "in.json") << spec.dump();
+  const TempDir dir("ddp-oracle");
+  std::ofstream(dir.file("in.json")) << spec.dump();
   std::string cmd = "timeout 300 " + oracle_python() + " " DDP_SOURCE_DIR "/tests/oracle/ddp_oracle.py " +
-                    (dir / "in.json").string() + " " + (dir / "out.json").string() +
-                    " > " + (dir / "log.txt").string() + " 2>&1";
+                    dir.file("in.json") + " " + dir.file("out.json") + " > " + dir.file("log.txt") +
+                    " 2>&1";
   int rc = std::system(cmd.c_str());
-  std::ifstream log(dir / "log.txt");
+  std::ifstream log(dir.file("log.txt"));
   std::string log_text((std::istreambuf_iterator<char>(log)), {});
   ASSERT_EQ(rc, 0) << "the Python oracle failed:\n" << log_text;
-  json results = json::parse(std::ifstream(dir / "out.json"));
+  json results = json::parse(std::ifstream(dir.file("out.json")));
   ASSERT_EQ(results.size(), checks.size());
   for (size_t i = 0; i < checks.size(); ++i) checks[i](results[i]);
-  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "ddp/error.h"
 #include "support/model_state.h"
 #include "support/models.h"
+#include "support/scoped_env.h"
 #include "support/thread_world.h"
 
 namespace ddp::testing {
@@ -281,18 +282,20 @@ TEST(DdpSparse, SparseEmbeddingIsRefusedAtConstruction) {
 // Note [no_sync's rule] in debug mode: the forward of the last micro-step
 // inside the guard, its backward after the guard.
 TEST(DdpNoSync, ForwardInsideGuardBackwardAfterItRaisesInDebugMode) {
-  ::setenv("DDP_DEBUG", "1", 1);
-  auto errors = run_ranks_collect(2, [](int) {
-    Mlp net;
-    DistributedDataParallel<Mlp> model(net);
-    at::Tensor loss;
-    {
-      auto guard = model.no_sync();
-      loss = model(torch::randn({4, 8})).sum();
-    }
-    loss.backward();
-  });
-  ::unsetenv("DDP_DEBUG");
+  std::vector<std::exception_ptr> errors;
+  {
+    ScopedEnv debug("DDP_DEBUG", "1");
+    errors = run_ranks_collect(2, [](int) {
+      Mlp net;
+      DistributedDataParallel<Mlp> model(net);
+      at::Tensor loss;
+      {
+        auto guard = model.no_sync();
+        loss = model(torch::randn({4, 8})).sum();
+      }
+      loss.backward();
+    });
+  }
   expect_error_everywhere(errors, {"(debug mode)", "decided at forward", "no_sync"});
   // Without debug mode: PyTorch's behaviour, a local backward (each rank's
   // gradient is its own input's, unaveraged).

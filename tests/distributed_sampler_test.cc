@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -26,6 +25,7 @@
 
 #include "ddp/error.h"
 #include "support/oracle.h"
+#include "support/temp_dir.h"
 #include "support/thread_world.h"
 
 namespace ddp {
@@ -168,15 +168,12 @@ TEST(DistributedSamplerGolden, RegeneratedByPythonMatchesStoredFile) {
   if (!python_with_torch()) {
     GTEST_SKIP() << ddp::testing::kNoOracle << " (compared with the stored golden file only)";
   }
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("ddp_sampler_golden_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string out = (dir / "golden.json").string();
+  const testing::TempDir dir("ddp-sampler-golden");
+  const std::string out = dir.file("golden.json");
   const std::string cmd =
       "timeout 300 " + ddp::testing::oracle_python() + " " + kScript + " --out " + out;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const json fresh = read_json(out);
-  std::filesystem::remove_all(dir);
   // Entry by entry, naming the first that differs (a whole-file dump is
   // unreadable).
   for (const char* part : {"cases", "randperm"}) {

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <list>
 #include <map>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "ddp/error.h"
 #include "ddp_env.h"
+#include "support/scoped_env.h"
 
 namespace ddp {
 namespace {
@@ -36,15 +38,10 @@ const char* const kLaunchVariables[] = {
 
 class EnvTest : public ::testing::Test {
  protected:
+  // Each variable unset for the test and put back at its end (whatever the
+  // test set in between).
   void SetUp() override {
-    for (const char* name : kLaunchVariables) {
-      if (const char* v = std::getenv(name)) saved_[name] = v;
-      unsetenv(name);
-    }
-  }
-  void TearDown() override {
-    for (const char* name : kLaunchVariables) unsetenv(name);
-    for (const auto& [name, value] : saved_) setenv(name.c_str(), value.c_str(), 1);
+    for (const char* name : kLaunchVariables) cleared_.emplace_back(name, std::nullopt);
   }
   static void set(const std::map<std::string, std::string>& vars) {
     for (const auto& [name, value] : vars) setenv(name.c_str(), value.c_str(), 1);
@@ -60,7 +57,7 @@ class EnvTest : public ::testing::Test {
   }
 
  private:
-  std::map<std::string, std::string> saved_;
+  std::list<testing::ScopedEnv> cleared_;
 };
 
 TEST_F(EnvTest, NoLauncherIsOneProcess) {

@@ -9,10 +9,8 @@
 #include <signal.h>
 #include <sys/stat.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <set>
 
 #include "ddp/collectives.h"
@@ -24,6 +22,8 @@
 #include "flight/flight_verdict.h"
 #include "process_group_impl.h"
 #include "support/models.h"
+#include "support/scoped_env.h"
+#include "support/temp_dir.h"
 #include "support/thread_world.h"
 
 namespace ddp::testing {
@@ -38,36 +38,10 @@ using flight::State;
                                                    << "\" in:\n" << text_; \
   } while (0)
 
-// A private directory, removed with its files at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/ddp_flight_test_XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
-  std::string file(const std::string& group, int rank) const {
-    return path + "/" + flight::file_name(group, rank);
-  }
-};
-
-// Sets an environment variable for the scope (before the ranks start),
-// then restores it.
-struct EnvGuard {
-  std::string name;
-  std::optional<std::string> old;
-  EnvGuard(std::string n, const std::string& value) : name(std::move(n)) {
-    if (const char* v = std::getenv(name.c_str())) old = v;
-    ::setenv(name.c_str(), value.c_str(), 1);
-  }
-  ~EnvGuard() {
-    if (old) {
-      ::setenv(name.c_str(), old->c_str(), 1);
-    } else {
-      ::unsetenv(name.c_str());
-    }
-  }
-};
+// The ring file of `group`'s rank `rank` in `dir`.
+std::string ring_file(const TempDir& dir, const std::string& group, int rank) {
+  return dir.file(flight::file_name(group, rank));
+}
 
 bool exists(const std::string& path) {
   struct stat st {};
@@ -76,7 +50,7 @@ bool exists(const std::string& path) {
 
 TEST(FlightRecorder, RecordsEachCollectiveWithItsSignatureStateAndOrder) {
   TempDir dir;
-  EnvGuard env("DDP_FLIGHT_RECORDER_DIR", dir.path);
+  ScopedEnv env("DDP_FLIGHT_RECORDER_DIR", dir.path());
   std::vector<flight::RankTrace> traces(2);
   run_ranks(2, [&](int r) {
     at::Tensor t = at::ones({4, 2});
@@ -110,13 +84,13 @@ TEST(FlightRecorder, RecordsEachCollectiveWithItsSignatureStateAndOrder) {
     }
   }
   // A group destroyed without an event leaves nothing behind.
-  EXPECT_FALSE(exists(dir.file("default", 0)));
-  EXPECT_FALSE(exists(dir.file("default", 1)));
+  EXPECT_FALSE(exists(ring_file(dir, "default", 0)));
+  EXPECT_FALSE(exists(ring_file(dir, "default", 1)));
 }
 
 TEST(FlightRecorder, GradientBucketsCarryTheirStepAndBucket) {
   TempDir dir;
-  EnvGuard env("DDP_FLIGHT_RECORDER_DIR", dir.path);
+  ScopedEnv env("DDP_FLIGHT_RECORDER_DIR", dir.path());
   std::vector<flight::RankTrace> traces(2);
   run_ranks(2, [&](int r) {
     torch::manual_seed(0);
@@ -147,7 +121,7 @@ TEST(FlightRecorder, GradientBucketsCarryTheirStepAndBucket) {
 
 TEST(FlightRecorder, TimeoutIsRecordedAndKeepsTheFile) {
   TempDir dir;
-  EnvGuard env("DDP_FLIGHT_RECORDER_DIR", dir.path);
+  ScopedEnv env("DDP_FLIGHT_RECORDER_DIR", dir.path());
   ThreadWorldOptions w;
   w.timeout = std::chrono::milliseconds(600);
   auto errors = run_ranks_collect(
@@ -160,7 +134,7 @@ TEST(FlightRecorder, TimeoutIsRecordedAndKeepsTheFile) {
       w);
   ASSERT_TRUE(is_a<TimeoutError>(errors[0])) << message_of(errors[0]);
   // Rank 0's ring noted the event, so its file outlives the group.
-  flight::RankTrace t = flight::read_trace(dir.file("default", 0));
+  flight::RankTrace t = flight::read_trace(ring_file(dir, "default", 0));
   ASSERT_EQ(t.entries.size(), 2u);
   EXPECT_EQ(t.entries[0].state, State::kCompleted);
   EXPECT_EQ(t.entries[1].state, State::kTimedOut);
@@ -169,15 +143,15 @@ TEST(FlightRecorder, TimeoutIsRecordedAndKeepsTheFile) {
   EXPECT_HAS(t.reason, "all_reduce #1 on rank 0 of 2 (gloo) timed out");
   EXPECT_GT(t.event_us, 0);
   // Rank 1 had no event: no file.
-  EXPECT_FALSE(exists(dir.file("default", 1)));
+  EXPECT_FALSE(exists(ring_file(dir, "default", 1)));
 }
 
 TEST(FlightRecorder, EntriesZeroTurnsItOffAndABadValueIsNamed) {
   {
-    EnvGuard env("DDP_FLIGHT_RECORDER_ENTRIES", "0");
+    ScopedEnv env("DDP_FLIGHT_RECORDER_ENTRIES", "0");
     run_ranks(1, [](int) { EXPECT_EQ(default_group()->impl().flight, nullptr); });
   }
-  EnvGuard env("DDP_FLIGHT_RECORDER_ENTRIES", "lots");
+  ScopedEnv env("DDP_FLIGHT_RECORDER_ENTRIES", "lots");
   auto errors = run_ranks_collect(1, [](int) {});
   ASSERT_TRUE(is_a<InvalidArgument>(errors[0])) << message_of(errors[0]);
   EXPECT_HAS(message_of(errors[0]), "environment variable DDP_FLIGHT_RECORDER_ENTRIES='lots' is not a number "
@@ -185,7 +159,7 @@ TEST(FlightRecorder, EntriesZeroTurnsItOffAndABadValueIsNamed) {
 }
 
 TEST(FlightRecorder, AnUnwritableDirectoryIsNamed) {
-  EnvGuard env("DDP_FLIGHT_RECORDER_DIR", "/proc/no/such/dir");
+  ScopedEnv env("DDP_FLIGHT_RECORDER_DIR", "/proc/no/such/dir");
   auto errors = run_ranks_collect(1, [](int) {});
   ASSERT_TRUE(is_a<InvalidArgument>(errors[0])) << message_of(errors[0]);
   EXPECT_HAS(message_of(errors[0]), "flight recorder: cannot create directory '/proc/no");
@@ -194,7 +168,7 @@ TEST(FlightRecorder, AnUnwritableDirectoryIsNamed) {
 
 flight::RecorderSetup anonymous(const TempDir& dir, uint32_t capacity) {
   flight::RecorderSetup s;
-  s.dump_dir = dir.path;
+  s.dump_dir = dir.path();
   s.capacity = capacity;
   s.group = "g/x";  // not a file name: sanitized
   s.backend = "gloo";
@@ -208,7 +182,7 @@ TEST(FlightRecorder, AnInMemoryRingIsWrittenAtAnEventAndWrapsKeepingTheNewest) {
   auto rec = flight::FlightRecorder::create(anonymous(dir, 4));
   ASSERT_NE(rec, nullptr);
   EXPECT_FALSE(rec->mapped());
-  EXPECT_EQ(rec->path(), dir.path + "/ddp_flight_g_x_rank3.bin");
+  EXPECT_EQ(rec->path(), dir.file("ddp_flight_g_x_rank3.bin"));
   for (uint64_t seq = 0; seq < 10; ++seq) {
     uint64_t id = rec->started(seq, "all_reduce", std::string(300, 'x'), 7, 1);
     EXPECT_EQ(id, seq);
@@ -233,7 +207,7 @@ TEST(FlightRecorder, AnInMemoryRingIsWrittenAtAnEventAndWrapsKeepingTheNewest) {
   }
   EXPECT_EQ(t.entries[3].state, State::kStarted);
   rec.reset();
-  EXPECT_TRUE(exists(dir.path + "/ddp_flight_g_x_rank3.bin"));  // an event's dump stays
+  EXPECT_TRUE(exists(dir.file("ddp_flight_g_x_rank3.bin")));  // an event's dump stays
 }
 
 TEST(FlightRecorder, Sigusr1WritesTheRingsAndTheProcessGoesOn) {
@@ -261,24 +235,24 @@ TEST(FlightRecorder, Sigusr1WritesTheRingsAndTheProcessGoesOn) {
 TEST(FlightRecorder, TwoLiveGroupsOfOneNameGetTwoFiles) {
   TempDir dir;
   flight::RecorderSetup s = anonymous(dir, 4);
-  s.dir = dir.path;
+  s.dir = dir.path();
   auto a = flight::FlightRecorder::create(s);
   auto b = flight::FlightRecorder::create(s);
   EXPECT_TRUE(a->mapped());
-  EXPECT_EQ(a->path(), dir.path + "/ddp_flight_g_x_rank3.bin");
-  EXPECT_EQ(b->path(), dir.path + "/ddp_flight_g_x_rank3.1.bin");
+  EXPECT_EQ(a->path(), dir.file("ddp_flight_g_x_rank3.bin"));
+  EXPECT_EQ(b->path(), dir.file("ddp_flight_g_x_rank3.1.bin"));
   a->started(0, "barrier", "barrier", -1, -1);
   b->started(0, "all_reduce", "all_reduce SUM float32[1]", -1, -1);
   EXPECT_EQ(flight::read_trace(a->path()).entries.at(0).op, "barrier");
   EXPECT_EQ(flight::read_trace(b->path()).entries.at(0).op, "all_reduce");
   b.reset();  // no event: its file goes, the other's stays
-  EXPECT_FALSE(exists(dir.path + "/ddp_flight_g_x_rank3.1.bin"));
+  EXPECT_FALSE(exists(dir.file("ddp_flight_g_x_rank3.1.bin")));
   EXPECT_TRUE(exists(a->path()));
 }
 
 TEST(FlightTrace, NotAFlightRecordIsNamed) {
   TempDir dir;
-  const std::string path = dir.path + "/ddp_flight_x_rank0.bin";
+  const std::string path = dir.file("ddp_flight_x_rank0.bin");
   std::ofstream(path) << "hello";
   try {
     flight::read_trace(path);
@@ -287,7 +261,7 @@ TEST(FlightTrace, NotAFlightRecordIsNamed) {
     EXPECT_HAS(e.what(), "'" + path + "' is not a ddp flight record: 5 bytes");
   }
   std::vector<std::string> skipped;
-  EXPECT_TRUE(flight::read_trace_dir(dir.path, &skipped).empty());
+  EXPECT_TRUE(flight::read_trace_dir(dir.path(), &skipped).empty());
   ASSERT_EQ(skipped.size(), 1u);
   EXPECT_HAS(skipped[0], path);
   // A header that does not hold together (here a world of 0) is refused

@@ -16,10 +16,8 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <thread>
 
 #include <unistd.h>
@@ -39,6 +37,8 @@
 #include "support/model_state.h"
 #include "support/models.h"
 #include "support/oracle.h"
+#include "support/scoped_env.h"
+#include "support/temp_dir.h"
 #include "support/thread_world.h"
 
 namespace ddp {
@@ -47,6 +47,8 @@ namespace {
 using testing::Branchy;
 using testing::Mlp;
 using testing::NamedState;
+using testing::ScopedEnv;
+using testing::TempDir;
 using testing::copy_state;
 using testing::state_of;
 
@@ -70,26 +72,6 @@ std::string skip_reason(int needed) {
   } while (0)
 
 const c10::Device kCuda0(c10::kCUDA, 0);
-
-// Sets an environment variable for a scope.
-class EnvVar {
- public:
-  EnvVar(std::string name, const std::string& value) : name_(std::move(name)) {
-    if (const char* v = std::getenv(name_.c_str())) old_ = v;
-    ::setenv(name_.c_str(), value.c_str(), 1);
-  }
-  ~EnvVar() {
-    if (old_) {
-      ::setenv(name_.c_str(), old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_.c_str());
-    }
-  }
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
 
 ProcessGroupPtr group_of_one(const std::string& backend) {
   InitOptions o;
@@ -203,10 +185,10 @@ TEST(GpuLess, LocalDeviceIsCpuAndNcclIsRefusedByName) {
 TEST(Gpu, LocalDeviceIsTheLocalRanksGpu) {
   DDP_REQUIRE_GPUS(1);
   {
-    EnvVar local("LOCAL_RANK", "0");
+    ScopedEnv local("LOCAL_RANK", "0");
     EXPECT_EQ(local_device(), kCuda0);
   }
-  EnvVar local("LOCAL_RANK", std::to_string(gpus()));
+  ScopedEnv local("LOCAL_RANK", std::to_string(gpus()));
   try {
     local_device();
     FAIL() << "LOCAL_RANK past the GPUs";
@@ -258,7 +240,7 @@ TEST(Gpu, NcclCollectivesOnCudaAndStagedCpuTensors) {
 // Every DDP mode on one GPU through NCCL equals one process.
 TEST(Gpu, DdpThroughNcclAtWorldSize1EqualsOneProcess) {
   DDP_REQUIRE_GPUS(1);
-  EnvVar alone("DDP_REDUCE_AT_WORLD_SIZE_1", "1");
+  ScopedEnv alone("DDP_REDUCE_AT_WORLD_SIZE_1", "1");
   torch::manual_seed(3);
   Mlp init;
   const Data d = make_data(1, kCuda0);
@@ -338,7 +320,7 @@ TEST(Gpu, ModuleAndInputOnTheWrongDeviceAreNamed) {
 // hook's rounding of one process.
 TEST(Gpu, CommHooksOnNccl) {
   DDP_REQUIRE_GPUS(1);
-  EnvVar alone("DDP_REDUCE_AT_WORLD_SIZE_1", "1");
+  ScopedEnv alone("DDP_REDUCE_AT_WORLD_SIZE_1", "1");
   torch::manual_seed(3);
   Mlp init;
   const Data d = make_data(1, kCuda0);
@@ -483,17 +465,14 @@ TEST(Gpu, SyncBatchNormOnCudaEqualsPyTorchsSyncBatchNorm) {
   const at::Tensor weight = torch::rand({3}) + 0.5, bias = torch::randn({3});
   const nlohmann::json in = {{"world", 2}, {"shape", x.sizes().vec()}, {"x", flat(x)},
                              {"weight", flat(weight)}, {"bias", flat(bias)}};
-  namespace fs = std::filesystem;
-  const fs::path dir =
-      fs::temp_directory_path() / ("ddp-sbn-oracle-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  std::ofstream(dir / "in.json") << in.dump();
+  const TempDir dir("ddp-sbn-oracle");
+  std::ofstream(dir.file("in.json")) << in.dump();
   const std::string cmd = "timeout 120 " + testing::oracle_python() +
                           " " DDP_SOURCE_DIR "/tests/oracle/sync_batchnorm_cuda.py " +
-                          (dir / "in.json").string() + " " + (dir / "out.json").string() +
-                          " > " + (dir / "log.txt").string() + " 2>&1";
+                          dir.file("in.json") + " " + dir.file("out.json") + " > " +
+                          dir.file("log.txt") + " 2>&1";
   const int rc = std::system(cmd.c_str());
-  std::ifstream log(dir / "log.txt");
+  std::ifstream log(dir.file("log.txt"));
   ASSERT_EQ(rc, 0) << "PyTorch's SyncBatchNorm failed:\n"
                    << std::string(std::istreambuf_iterator<char>(log), {});
 
@@ -515,7 +494,7 @@ TEST(Gpu, SyncBatchNormOnCudaEqualsPyTorchsSyncBatchNorm) {
   });
   for (int r = 0; r < 2; ++r) {
     const nlohmann::json want =
-        nlohmann::json::parse(std::ifstream(dir / ("out.json." + std::to_string(r))));
+        nlohmann::json::parse(std::ifstream(dir.file("out.json." + std::to_string(r))));
     for (const auto& [name, t] : got[r]) {
       const at::Tensor expected =
           torch::tensor(want.at(name).get<std::vector<double>>(), torch::kDouble);
@@ -524,7 +503,6 @@ TEST(Gpu, SyncBatchNormOnCudaEqualsPyTorchsSyncBatchNorm) {
           << "rank " << r << ": " << name << " differs from PyTorch's SyncBatchNorm";
     }
   }
-  fs::remove_all(dir);
 }
 
 TEST(Gpu, ZeroRedundancyOptimizerWithCudaParameters) {
@@ -564,9 +542,8 @@ TEST(Gpu, CheckpointOfACudaModelLoadsOnCpuAndBack) {
   opt.zero_grad();
   m(torch::randn({4, 8}, torch::device(kCuda0))).sum().backward();
   opt.step();
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("ddp_gpu_ckpt_" + std::to_string(::getpid()));
-  const std::string path = save_checkpoint(dir.string(), *m, &opt, 1, 10);
+  const TempDir dir("ddp-gpu-ckpt");
+  const std::string path = save_checkpoint(dir.path(), *m, &opt, 1, 10);
   Checkpoint cpu = load_checkpoint(path);
   Mlp on_host;
   torch::optim::Adam host_opt(on_host->parameters(), torch::optim::AdamOptions(1e-2));
@@ -585,7 +562,6 @@ TEST(Gpu, CheckpointOfACudaModelLoadsOnCpuAndBack) {
     o->step();
   }
   expect_close(state_of(back), state_of(m), "one step after the restore", 0.0);
-  std::filesystem::remove_all(dir);
 }
 
 // --- two GPUs: NCCL with two ranks -----------------------------------------

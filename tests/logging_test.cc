@@ -13,6 +13,7 @@
 
 #include "ddp/error.h"
 #include "log_level.h"
+#include "support/scoped_env.h"
 #include "support/thread_world.h"
 
 namespace ddp {
@@ -56,14 +57,12 @@ TEST_F(LoggingTest, WithoutAProcessGroupTheCallerIsRankZero) {
 // Before init_process_group, a process started with RANK=1 is rank 1 in
 // its messages (and not rank 0 for print0).
 TEST_F(LoggingTest, WithoutAProcessGroupTheLaunchEnvironmentsRankCounts) {
-  ::setenv("RANK", "1", 1);
-  ::setenv("WORLD_SIZE", "2", 1);
+  testing::ScopedEnv rank("RANK", "1");
+  testing::ScopedEnv world("WORLD_SIZE", "2");
   ::testing::internal::CaptureStdout();
   print0("not shown");
   print_all("all");
   const std::string out = ::testing::internal::GetCapturedStdout();
-  ::unsetenv("RANK");
-  ::unsetenv("WORLD_SIZE");
   EXPECT_EQ(out, "[rank1]: all\n");
 }
 
@@ -145,14 +144,15 @@ TEST(LogLevel, ParsesNamesAndNumbers) {
 // re-run this binary, so each check gets a fresh process.
 TEST(LogLevelEnv, DdpLogLevelSetsTheThreshold) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  ::setenv("DDP_LOG_LEVEL", "error", 1);
-  EXPECT_EXIT(std::exit(log_level() == LogLevel::kError ? 0 : 1),
-              ::testing::ExitedWithCode(0), "");
-  ::setenv("DDP_LOG_LEVEL", "bogus", 1);
+  {
+    testing::ScopedEnv level("DDP_LOG_LEVEL", "error");
+    EXPECT_EXIT(std::exit(log_level() == LogLevel::kError ? 0 : 1),
+                ::testing::ExitedWithCode(0), "");
+  }
+  testing::ScopedEnv level("DDP_LOG_LEVEL", "bogus");
   EXPECT_EXIT(std::exit(log_level() == LogLevel::kInfo ? 0 : 1),
               ::testing::ExitedWithCode(0),
               "ddp: DDP_LOG_LEVEL='bogus' is not a log level: .*; using info");
-  ::unsetenv("DDP_LOG_LEVEL");
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "compat/torch_compat.h"
 #include "ddp/collectives.h"
 #include "ddp/error.h"
+#include "support/scoped_env.h"
 #include "support/thread_world.h"
 #include "process_group_test_util.h"
 
@@ -252,16 +253,17 @@ TEST(ProcessGroup, PortInUseIsNamedWithinSeconds) {
 // busy (another single-process run on the machine) still starts.
 TEST(ProcessGroup, AWorldOfOneUsesNoPort) {
   testing::ListeningSocket busy;
-  ::setenv("MASTER_PORT", std::to_string(busy.port()).c_str(), 1);
   InitOptions o;
   o.timeout = 10s;
   ProcessGroupPtr g;
-  try {
-    g = new_process_group(o);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << e.what();
+  {
+    testing::ScopedEnv port("MASTER_PORT", std::to_string(busy.port()));
+    try {
+      g = new_process_group(o);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
   }
-  ::unsetenv("MASTER_PORT");
   ASSERT_TRUE(g);
   EXPECT_EQ(g->size(), 1);
   at::Tensor t = at::ones({3});

@@ -1,5 +1,5 @@
-// Helpers of process_group_test: ports, a busy port, a stopwatch, a temporary
-// directory, and child processes with a bounded wait.
+// Helpers of process_group_test: ports, a busy port, a stopwatch, and child
+// processes with a bounded wait (the temporary directory: support/temp_dir.h).
 #pragma once
 
 #include <arpa/inet.h>
@@ -13,7 +13,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -21,6 +20,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "support/temp_dir.h"
 
 extern char** environ;
 
@@ -64,27 +65,6 @@ class Stopwatch {
 
  private:
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-};
-
-// A fresh directory under $TMPDIR (or /tmp), removed with its content.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/ddp-pg-XXXXXX";
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
 };
 
 struct ChildResult {

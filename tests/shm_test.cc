@@ -21,6 +21,7 @@
 #include "ddp/error.h"
 #include "ddp/process_group.h"
 #include "shm/segment.h"
+#include "support/scoped_env.h"
 #include "support/thread_world.h"
 
 namespace ddp::testing {
@@ -141,9 +142,8 @@ TEST(SharedMemory, TurnedOffByTheOptionAndByDdpShm) {
     all_reduce(t);
     EXPECT_TRUE(t.eq(2).all().item<bool>());
   }, o);
-  ::setenv("DDP_SHM", "0", 1);
+  ScopedEnv off("DDP_SHM", "0");
   run_ranks(2, [](int) { EXPECT_EQ(default_group()->shared_memory_ranks(), 0); });
-  ::unsetenv("DDP_SHM");
 }
 
 TEST(SharedMemory, ARankThatSkipsTheCollectiveTimesOutNamingIt) {

@@ -9,7 +9,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,6 +22,7 @@
 #include "ddp/zero_redundancy_optimizer.h"
 #include "support/model_state.h"
 #include "support/models.h"
+#include "support/temp_dir.h"
 #include "support/thread_world.h"
 
 namespace ddp::testing {
@@ -221,20 +221,13 @@ TEST(ZeroRedundancyOptimizer, EachRankHoldsItsShareOfTheState) {
 
 class ZeroCheckpoint : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ddp-zero-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string latest() { return *latest_checkpoint_path(dir_.string()); }
-  std::filesystem::path dir_;
+  std::string latest() { return *latest_checkpoint_path(dir_.path()); }
+  TempDir dir_{"ddp-zero"};
 };
 
 TEST_F(ZeroCheckpoint, ResumesExactlyAtTheSameWorldSize) {
   auto whole = train({Kind::kAdam, 2, true, 0, 6});
-  train({Kind::kAdam, 2, true, 0, 3, dir_.string()});
+  train({Kind::kAdam, 2, true, 0, 3, dir_.path()});
   auto resumed = train({Kind::kAdam, 2, true, 3, 3, "", latest()});
   expect_replicas_identical(resumed);
   EXPECT_EQ(max_diff(resumed[0], whole[0]), 0.0);
@@ -245,7 +238,7 @@ TEST_F(ZeroCheckpoint, ResumesExactlyAtTheSameWorldSize) {
 // (up to float summation order across world sizes).
 TEST_F(ZeroCheckpoint, ReshardsToAnotherWorldSizeOrAPlainOptimizer) {
   auto reference = train({Kind::kAdam, 1, false, 0, 6});
-  train({Kind::kAdam, 2, true, 0, 3, dir_.string()});
+  train({Kind::kAdam, 2, true, 0, 3, dir_.path()});
   auto on_three = train({Kind::kAdam, 3, true, 3, 3, "", latest()});
   auto plain = train({Kind::kAdam, 1, false, 3, 3, "", latest()});
   expect_replicas_identical(on_three);
@@ -359,8 +352,8 @@ TEST(ZeroRedundancyOptimizer, UnevenInputsWithUnusedParametersAndBucketViews) {
 // torch::save there and read by torch::load on every rank into a new
 // optimizer: training goes on exactly as without the round trip.
 TEST(ZeroRedundancyOptimizer, TorchSaveAndLoadRoundTripWithParameterGroups) {
-  const std::string file = (std::filesystem::temp_directory_path() /
-                            ("ddp-zero-" + std::to_string(::getpid()) + ".pt")).string();
+  const TempDir dir("ddp-zero");
+  const std::string file = dir.file("zero.pt");
   auto groups_of = [](DistributedDataParallel<Mlp>& model) {
     auto p = model.parameters();
     return std::vector<optim::OptimizerParamGroup>{
@@ -392,7 +385,6 @@ TEST(ZeroRedundancyOptimizer, TorchSaveAndLoadRoundTripWithParameterGroups) {
       got[round_trip][r] = state_of(models[r]);
     });
   }
-  std::filesystem::remove(file);
   expect_replicas_identical(got[1]);
   EXPECT_EQ(max_diff(got[1][0], got[0][0]), 0.0);
 }
@@ -401,8 +393,8 @@ TEST(ZeroRedundancyOptimizer, TorchSaveAndLoadRoundTripWithParameterGroups) {
 // not only on that parameter's owner (which would leave the others waiting
 // at the next step).
 TEST(ZeroRedundancyOptimizer, AStateThatDoesNotFitFailsOnEveryRank) {
-  const std::string file = (std::filesystem::temp_directory_path() /
-                            ("ddp-zero-bad-" + std::to_string(::getpid()) + ".pt")).string();
+  const TempDir dir("ddp-zero-bad");
+  const std::string file = dir.file("zero.pt");
   auto errors = run_ranks_collect(2, [&](int r) {
     Mlp net = initial();
     auto params = net->parameters();
@@ -419,7 +411,6 @@ TEST(ZeroRedundancyOptimizer, AStateThatDoesNotFitFailsOnEveryRank) {
     ZeroRedundancyOptimizer wrong(other, optim::AdamOptions(0.01));
     torch::load(wrong, file);
   });
-  std::filesystem::remove(file);
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(is_a<InvalidArgument>(errors[r])) << message_of(errors[r]);
     EXPECT_NE(message_of(errors[r]).find("parameter 0"), std::string::npos) << message_of(errors[r]);

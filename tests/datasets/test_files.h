@@ -1,10 +1,12 @@
-// Helpers for the dataset tests: crafted IDX files (plain or gzip), a
-// temporary directory, and the Python oracle.
+// Helpers for the dataset tests: crafted IDX files (plain or gzip) and the
+// Python oracle; the temporary directory is support/temp_dir.h's.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "support/temp_dir.h"
 
 namespace ddp {
 namespace testing {
@@ -16,21 +18,6 @@ std::string idx_bytes(uint32_t magic, const std::vector<uint32_t>& dims, const s
 std::string gzip(const std::string& data);
 
 void write_file(const std::string& path, const std::string& bytes);
-
-// A fresh directory under $TMPDIR (or /tmp), removed with its contents on
-// destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // Runs `script` with the oracle Python (support/oracle.h) under a
 // 120 s timeout and returns its stdout; fails the test (ADD_FAILURE) and

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "ddp/error.h"
+#include "support/scoped_env.h"
 
 namespace ddp::launcher {
 namespace {
@@ -29,13 +30,14 @@ TEST(LauncherOptionValues, StdSpecs) {
 TEST(LauncherOptionValues, NprocNames) {
   const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   EXPECT_EQ(resolve_nproc_per_node("cpu"), cpus);
-  setenv("CUDA_VISIBLE_DEVICES", "0,1,2", 1);
-  EXPECT_EQ(resolve_nproc_per_node("gpu"), 3);
-  EXPECT_EQ(resolve_nproc_per_node("auto"), 3);
-  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  {
+    testing::ScopedEnv three("CUDA_VISIBLE_DEVICES", "0,1,2");
+    EXPECT_EQ(resolve_nproc_per_node("gpu"), 3);
+    EXPECT_EQ(resolve_nproc_per_node("auto"), 3);
+  }
+  testing::ScopedEnv none("CUDA_VISIBLE_DEVICES", "");
   EXPECT_THROW(resolve_nproc_per_node("gpu"), InvalidArgument);
   EXPECT_EQ(resolve_nproc_per_node("auto"), cpus);
-  unsetenv("CUDA_VISIBLE_DEVICES");
 }
 
 }  // namespace

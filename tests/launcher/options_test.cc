@@ -16,6 +16,7 @@
 
 #include "ddp/error.h"
 #include "launcher/group_support.h"
+#include "support/scoped_env.h"
 
 namespace ddp::launcher {
 namespace {
@@ -245,12 +246,10 @@ TEST(LauncherOptions, KnowsEveryFlagOfTorchrun) {
 }
 
 TEST(LauncherOptions, PetEnvironmentVariables) {
-  setenv("PET_NPROC_PER_NODE", "3", 1);
-  setenv("PET_MAX_RESTARTS", "2", 1);
+  testing::ScopedEnv nproc("PET_NPROC_PER_NODE", "3");
+  testing::ScopedEnv restarts("PET_MAX_RESTARTS", "2");
   Parsed p = parse({"p"});
   Parsed q = parse({"--nproc-per-node", "5", "p"});
-  unsetenv("PET_NPROC_PER_NODE");
-  unsetenv("PET_MAX_RESTARTS");
   EXPECT_EQ(p.options.nproc_per_node, 3);
   EXPECT_EQ(p.options.max_restarts, 2);
   EXPECT_EQ(q.options.nproc_per_node, 5);  // the flag wins

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "launcher/process_harness.h"
+#include "support/temp_dir.h"
 
 namespace ddp::launcher {
 namespace {
@@ -127,13 +128,12 @@ TEST(LauncherRelay, KeepsTheLastLinesForTheSummary) {
 }
 
 TEST(LauncherRelay, LogFileGetsTheRawBytes) {
-  std::string dir = testing::make_temp_dir();
+  testing::TempDir dir;
   StreamRoute r;
   r.prefix = "[rank0]:";
-  r.log_path = dir + "/stdout.log";
+  r.log_path = dir.file("stdout.log");
   relay(r, {"x\n", "y"});
-  EXPECT_EQ(testing::read_text(dir + "/stdout.log"), "x\ny");
-  testing::remove_tree(dir);
+  EXPECT_EQ(testing::read_text(dir.file("stdout.log")), "x\ny");
 }
 
 TEST(LauncherRelay, UnwritableLogFileIsNamed) {

@@ -7,7 +7,7 @@
 #include <csignal>
 #include <fstream>
 
-#include "launcher/process_harness.h"
+#include "support/temp_dir.h"
 
 namespace ddp::launcher {
 namespace {
@@ -22,15 +22,14 @@ TEST(LauncherSummary, DescribesExitCodesAndSignals) {
 }
 
 TEST(LauncherSummary, ReadsBothErrorFileFormats) {
-  std::string dir = testing::make_temp_dir();
-  std::ofstream(dir + "/a.json")
+  testing::TempDir dir;
+  std::ofstream(dir.file("a.json"))
       << R"({"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "Traceback...", "timestamp": "1"}}})";
-  std::ofstream(dir + "/b.json") << R"({"message": "plain text", "timestamp": 5})";
-  std::ofstream(dir + "/c.json") << "not json";
-  EXPECT_EQ(read_error_message(dir + "/a.json"), "RuntimeError: boom\nTraceback...");
-  EXPECT_EQ(read_error_message(dir + "/b.json"), "plain text");
-  EXPECT_THAT(read_error_message(dir + "/c.json"), HasSubstr("could not read the error file"));
-  testing::remove_tree(dir);
+  std::ofstream(dir.file("b.json")) << R"({"message": "plain text", "timestamp": 5})";
+  std::ofstream(dir.file("c.json")) << "not json";
+  EXPECT_EQ(read_error_message(dir.file("a.json")), "RuntimeError: boom\nTraceback...");
+  EXPECT_EQ(read_error_message(dir.file("b.json")), "plain text");
+  EXPECT_THAT(read_error_message(dir.file("c.json")), HasSubstr("could not read the error file"));
 }
 
 TEST(LauncherSummary, RootCauseFirstThenTheOthers) {
@@ -61,10 +60,10 @@ TEST(LauncherSummary, RootCauseFirstThenTheOthers) {
 // its error earlier and was stopped by ddprun before it exited. Rank 0 is the
 // root cause, rank 1 is listed as a consequence.
 TEST(LauncherSummary, RootCauseIsTheFirstFailureInTimeNotTheFirstExit) {
-  std::string dir = testing::make_temp_dir();
-  std::ofstream(dir + "/0.json") << R"({"message": {"message": "ddp::InvalidArgument: bad",
+  testing::TempDir dir;
+  std::ofstream(dir.file("0.json")) << R"({"message": {"message": "ddp::InvalidArgument: bad",
       "extraInfo": {"timestamp": "1", "ddp_timestamp_us": "1000000500000", "ddp_lost_peer": "0"}}})";
-  std::ofstream(dir + "/1.json") << R"({"message": {"message": "ddp::CommError: closed",
+  std::ofstream(dir.file("1.json")) << R"({"message": {"message": "ddp::CommError: closed",
       "extraInfo": {"timestamp": "1", "ddp_timestamp_us": "1000000600000", "ddp_lost_peer": "1"}}})";
   std::vector<WorkerResult> w(3);
   for (int i = 0; i < 3; ++i) {
@@ -74,11 +73,11 @@ TEST(LauncherSummary, RootCauseIsTheFirstFailureInTimeNotTheFirstExit) {
   w[0].end = WorkerEnd::kStopped;
   w[0].signal = SIGTERM;
   w[0].end_time = 1000002.0;  // stopped last
-  w[0].error_file = dir + "/0.json";
+  w[0].error_file = dir.file("0.json");
   w[1].end = WorkerEnd::kFailed;
   w[1].exit_code = 4;
   w[1].end_time = 1000000.7;  // reaped first
-  w[1].error_file = dir + "/1.json";
+  w[1].error_file = dir.file("1.json");
   w[2].end = WorkerEnd::kStopped;
   w[2].signal = SIGTERM;
   for (auto& x : w) read_error_facts(x);
@@ -100,7 +99,6 @@ TEST(LauncherSummary, RootCauseIsTheFirstFailureInTimeNotTheFirstExit) {
   EXPECT_EQ(pick_root_cause(plain, 0), 1);
   plain[1].lost_peer = true;
   EXPECT_EQ(pick_root_cause(plain, 1), 0);
-  testing::remove_tree(dir);
 }
 
 }  // namespace
