@@ -28,6 +28,7 @@ void check_options(const Fetch& fetch, const BatchLoaderOptions& o) {
   if (o.workers < 0) bad("workers", ">= 0 (0 loads in the calling thread)", std::to_string(o.workers));
   if (o.prefetch_factor < 1) bad("prefetch_factor", ">= 1", std::to_string(o.prefetch_factor));
   if (!(o.timeout_s > 0)) bad("timeout_s", "> 0 seconds", fmt::format("{}", o.timeout_s));
+  if (o.first_batch < 0) bad("first_batch", ">= 0", std::to_string(o.first_batch));
 }
 
 BatchFetchRandom without_generator(BatchFetch fetch) {
@@ -46,7 +47,7 @@ BatchLoader::BatchLoader(BatchFetchRandom fetch, std::vector<int64_t> indices,
   check_options(fetch, options_);
   if (options_.rank < 0) options_.rank = is_initialized() ? get_rank() : 0;
   fetch_ = [fetch = std::move(fetch), o = options_](c10::ArrayRef<int64_t> i, int64_t k) {
-    at::Generator g = data_generator(o.seed, o.epoch, o.rank, k);
+    at::Generator g = data_generator(o.seed, o.epoch, o.rank, o.first_batch + k);
     return fetch(i, g);
   };
   const auto n = static_cast<int64_t>(indices_.size());

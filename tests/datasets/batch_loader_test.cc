@@ -137,14 +137,18 @@ Batch noisy(c10::ArrayRef<int64_t> idx, at::Generator& g) {
   return b;
 }
 
-std::vector<at::Tensor> noise_of(int workers, int64_t epoch, int rank, uint64_t seed = 5) {
+std::vector<at::Tensor> noise_of(int workers, int64_t epoch, int rank, uint64_t seed = 5,
+                                 int64_t first_batch = 0) {
   BatchLoaderOptions o;
   o.batch_size = 4;
   o.workers = workers;
   o.seed = seed;
   o.epoch = epoch;
   o.rank = rank;
-  BatchLoader loader(noisy, shuffled(41), o);
+  o.first_batch = first_batch;
+  std::vector<int64_t> indices = shuffled(41);
+  indices.erase(indices.begin(), indices.begin() + first_batch * o.batch_size);
+  BatchLoader loader(noisy, indices, o);
   std::vector<at::Tensor> out;
   for (const Batch& b : drain(loader)) out.push_back(b.data - b.target.to(at::kFloat) / 2);
   return out;
@@ -168,6 +172,11 @@ TEST(BatchLoaderTest, AugmentationRandomnessIsPerRankEpochAndBatchWhateverTheWor
   EXPECT_FALSE(same(base, noise_of(0, 4, 1)));  // another epoch
   EXPECT_FALSE(same(base, noise_of(0, 3, 1, 6)));  // another seed
   EXPECT_FALSE(base[0].equal(base[1]));  // each batch its own stream
+  // What is left of an epoch (a resume after 7 batches) draws what those
+  // batches drew in the whole epoch.
+  const auto rest = noise_of(2, 3, 1, 5, 7);
+  ASSERT_EQ(rest.size(), 4u);
+  EXPECT_TRUE(same(rest, {base.begin() + 7, base.end()}));
   // The generator is data_generator(seed, epoch, rank, batch).
   at::Generator g = data_generator(5, 3, 1, 0);
   // (noise = (index + r) - index: r within float rounding)
@@ -276,6 +285,9 @@ TEST(BatchLoaderTest, EmptyIndexListAndBadOptions) {
   b = {};
   b.timeout_s = 0;
   EXPECT_EQ(error(b), "BatchLoaderOptions::timeout_s must be > 0 seconds, got 0");
+  b = {};
+  b.first_batch = -1;
+  EXPECT_EQ(error(b), "BatchLoaderOptions::first_batch must be >= 0, got -1");
   EXPECT_THROW(BatchLoader(BatchFetch(), {1}, BatchLoaderOptions{}), InvalidArgument);
 }
 

@@ -90,6 +90,14 @@ TEST_F(DdpTrain, TheModelLoadsInPythonsTwin) {
   EXPECT_NE(py.out.find("logits (2, 10)"), std::string::npos) << py.out << py.err;
 }
 
+bool same_model(const Checkpoint& a, const Checkpoint& b) {
+  if (a.model.size() != b.model.size()) return false;
+  for (size_t i = 0; i < a.model.size(); ++i) {
+    if (!a.model[i].value().equal(b.model[i].value())) return false;
+  }
+  return true;
+}
+
 TEST_F(DdpTrain, ResumeInsideAnEpochEndsLikeAnUninterruptedRun) {
   ProcessResult full = train(dir_ + "/full", {"--no-plot"});
   ASSERT_EQ(full.exit_code, 0) << full.out << full.err;
@@ -109,6 +117,34 @@ TEST_F(DdpTrain, ResumeInsideAnEpochEndsLikeAnUninterruptedRun) {
   for (size_t i = 0; i < a.model.size(); ++i) {
     EXPECT_TRUE(a.model[i].value().equal(b.model[i].value())) << a.model[i].key();
   }
+}
+
+// --augment draws from each batch's own generator (BatchLoaderOptions:
+// seed, epoch, rank, batch number): the same run with 0 or 2 loader threads
+// ends with the same parameters, and so does one resumed inside an epoch
+// (its batches keep their numbers, first_batch); without the augmentation
+// the parameters differ, so it did change the images.
+TEST_F(DdpTrain, AugmentationIsTheSameForAnyLoaderThreadsAndAcrossAResume) {
+  const std::vector<std::string> aug = {"--no-plot", "--augment", "flip-shift"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = aug;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  ASSERT_EQ(train(dir_ + "/w0", with({"--workers", "0"})).exit_code, 0);
+  ASSERT_EQ(train(dir_ + "/w2", with({"--workers", "2"})).exit_code, 0);
+  ASSERT_EQ(train(dir_ + "/split", with({"--max-steps", "45"})).exit_code, 0);
+  ProcessResult resumed = train(dir_ + "/split", with({"--resume"}));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  ASSERT_EQ(train(dir_ + "/plain", {"--no-plot"}).exit_code, 0);
+  auto last = [&](const std::string& run) {
+    return load_checkpoint(*latest_checkpoint_path(dir_ + "/" + run + "/checkpoints"));
+  };
+  const Checkpoint w0 = last("w0");
+  EXPECT_EQ(w0.step, 60);
+  EXPECT_TRUE(same_model(w0, last("w2"))) << "the loader threads changed the draws";
+  EXPECT_TRUE(same_model(w0, last("split"))) << "a resumed epoch drew other numbers";
+  EXPECT_FALSE(same_model(w0, last("plain"))) << "--augment changed nothing";
 }
 
 // Note [Interrupted training]: Ctrl-C (SIGINT to ddprun, which passes it

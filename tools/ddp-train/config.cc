@@ -93,7 +93,15 @@ TrainConfig parse_args(int argc, char** argv) {
   app.add_flag("--scale-lr", c.scale_lr, "Multiply the learning rate by the world size");
   app.add_option("--optimizer", c.optimizer, "adam or sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adam", "sgd"}));
-  app.add_option("--seed", c.seed, "Seed for weights, dropout and the sampler's shuffling")
+  app.add_option("--augment", c.augment,
+                 "Random transformations of the training images: none, flip (mirrored with "
+                 "probability 1/2) or flip-shift (then shifted by up to 2 pixels)")
+      ->check(CLI::IsMember({"none", "flip", "flip-shift"}));
+  app.add_option("--label-smoothing", c.label_smoothing,
+                 "Cross-entropy's label smoothing, in [0, 1) (PyTorch's label_smoothing)")
+      ->check(CLI::Range(0.0, 0.999));
+  app.add_option("--seed", c.seed, "Seed for weights, dropout, the sampler's shuffling and "
+                                   "the augmentation")
       ->check(integer_in(0, std::numeric_limits<long long>::max(), "INT >= 0"));
   app.add_option("--backend", c.backend, "gloo or nccl")->check(CLI::IsMember({"gloo", "nccl"}));
   app.add_option("--device", c.device, "cpu, or cuda (uses cuda:LOCAL_RANK)")
@@ -161,11 +169,13 @@ std::string describe(const TrainConfig& c, int world_size) {
   };
   return fmt::format(
       "ddp-train: world_size {}, batch {} per process ({} global), {} lr {}{} ({} schedule), {}, "
-      "seed {}, backend {}, device {}, {}{}",
+      "seed {}, backend {}, device {}, {}{}{}{}",
       world_size, c.batch_size, c.batch_size * world_size, c.optimizer,
       c.scale_lr ? c.lr * world_size : c.lr, c.scale_lr ? " (scaled)" : "", c.schedule,
       count(c.epochs, "epoch", "epochs"), c.seed, c.backend, c.device,
-      count(c.workers, "loader thread", "loader threads"), c.sync_bn ? ", SyncBatchNorm" : "");
+      count(c.workers, "loader thread", "loader threads"), c.sync_bn ? ", SyncBatchNorm" : "",
+      c.augment == "none" ? "" : ", augment " + c.augment,
+      c.label_smoothing > 0 ? fmt::format(", label smoothing {}", c.label_smoothing) : "");
 }
 
 }  // namespace ddp::train

@@ -9,7 +9,7 @@
 namespace ddp::train {
 
 struct TrainConfig {
-  int epochs = 5;
+  int epochs = 7;
   int64_t batch_size = 64;     // per process; the global batch is x world size
   double lr = 0.006;           // the peak with --schedule onecycle; before --scale-lr
   bool scale_lr = false;       // lr x world size (linear scaling rule)
@@ -19,6 +19,13 @@ struct TrainConfig {
   // "constant".
   std::string schedule = "onecycle";
   uint64_t seed = 0;
+  // Training batches transformed at random (augment.h): none, flip, or
+  // flip-shift.
+  std::string augment = "none";
+  // Cross-entropy's label_smoothing (PyTorch's): the target puts this much
+  // of its weight evenly over all classes. 0: plain cross-entropy. 0.1 by
+  // default: with 7 epochs, 92.5 % test accuracy (README, "Measured").
+  double label_smoothing = 0.1;
   std::string backend = "gloo";
   std::string device = "cpu";  // "cpu" or "cuda" (cuda:LOCAL_RANK)
   std::string data_dir = "/usr/share/datasets/fashion-mnist";

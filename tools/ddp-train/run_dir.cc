@@ -98,7 +98,8 @@ std::string config_record(const TrainConfig& c, int world_size) {
                   {"batch_size", c.batch_size}, {"model", model_name(c)},
                   {"optimizer", c.optimizer}, {"schedule", c.schedule},
                   {"lr", c.lr},               {"scale_lr", c.scale_lr},
-                  {"epochs", c.epochs},       {"world_size", world_size}};
+                  {"epochs", c.epochs},       {"world_size", world_size},
+                  {"augment", c.augment},     {"label_smoothing", c.label_smoothing}};
   return j.dump();
 }
 
@@ -126,7 +127,8 @@ std::string check_resume(const Checkpoint& ckpt, const TrainConfig& c, int world
       {"--seed", "seed"},           {"--train-samples", "train_samples"},
       {"--batch-size", "batch_size"}, {"--sync-bn", "model"},
       {"--optimizer", "optimizer"}, {"--schedule", "schedule"},
-      {"--lr", "lr"},               {"--scale-lr", "scale_lr"}};
+      {"--lr", "lr"},               {"--scale-lr", "scale_lr"},
+      {"--augment", "augment"},     {"--label-smoothing", "label_smoothing"}};
   if (c.schedule == "onecycle") keys.push_back({"--epochs", "epochs"});
   std::vector<std::string> diffs;
   for (const auto& [flag, key] : keys) {

@@ -22,6 +22,7 @@
 #include "ddp/ddp.h"
 #include "ddp/datasets/batch_loader.h"
 #include "ddp/datasets/fashion_mnist.h"
+#include "augment.h"
 #include "interrupt.h"
 #include "model.h"
 #include "report.h"
@@ -302,8 +303,17 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
   datasets::BatchLoaderOptions lo;
   lo.batch_size = c.batch_size;
   lo.workers = c.workers;
+  lo.seed = c.seed;
+  lo.epoch = epoch;
+  lo.rank = r.rank;
+  lo.first_batch = done;  // a resumed epoch's batches keep their draws
   datasets::BatchLoader loader(
-      [&](c10::ArrayRef<int64_t> idx) { return r.train_set->get_batch(idx); }, indices, lo);
+      [&](c10::ArrayRef<int64_t> idx, at::Generator& g) {
+        datasets::Batch b = r.train_set->get_batch(idx);
+        b.data = augment(b.data, c.augment, g);
+        return b;
+      },
+      indices, lo);
   Progress progress(r.terminal, c.log_every, epoch + 1, c.epochs, batches, done);
   Metrics epoch_m, window;  // the epoch's means, and the progress line's
   int64_t window_steps = 0;
@@ -317,7 +327,8 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
     inject_collective_fault(r);
     at::Tensor out = (*r.model)(x);
     inject_fault(r, out);
-    at::Tensor loss = at::cross_entropy_loss(out, y);
+    at::Tensor loss = at::cross_entropy_loss(out, y, {}, at::Reduction::Mean, -100,
+                                             c.label_smoothing);
     loss.backward();
     r.optimizer->step();
     ++r.step;

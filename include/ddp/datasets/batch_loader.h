@@ -57,6 +57,10 @@ struct BatchLoaderOptions {
   uint64_t seed = 0;
   int64_t epoch = 0;
   int rank = -1;
+  // The number of the loader's first batch in its epoch (>= 0): a loader
+  // over what is left of a resumed epoch passes the batches already done,
+  // so that every batch keeps its number, and so its draws.
+  int64_t first_batch = 0;
 };
 
 // Makes the batch of the given dataset indices; called with each batch's
