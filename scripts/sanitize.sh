@@ -2,8 +2,14 @@
 # Runs the test suite under the sanitizers, each in its own build directory:
 #   asan: AddressSanitizer + UndefinedBehaviorSanitizer (GCC), the whole suite
 #         (ctest), in build-asan;
-#   tsan: ThreadSanitizer (GCC), the reducer and collectives tests
-#         (distributed_data_parallel_test, collectives_test), in build-tsan.
+#   tsan: ThreadSanitizer (GCC), the tests of the threads ddp runs: the
+#         reducer and DDP (distributed_data_parallel_test, reducer_test),
+#         the collectives, the shared-memory path (shm_test), the flight
+#         recorder (flight_recorder_test: signal handlers, mapped rings) and
+#         the comm hooks (comm_hooks_test, powersgd_test), in build-tsan.
+# Against libtorch 2.13 (the project venv, as scripts/setup.sh) by default;
+# DDP_TORCH=debian uses Debian's 1.13 instead (build-asan-debian,
+# build-tsan-debian).
 # Only ddp's code is instrumented: libtorch, Gloo and the other Debian
 # libraries are not. Suppressions for noise from those libraries are in
 # scripts/sanitizers/*.supp, each entry with the reason it is not ours.
@@ -29,7 +35,18 @@ while (($#)) && [[ $1 == asan || $1 == tsan ]]; do kinds+=("$1"); shift; done
 ((${#kinds[@]})) || kinds=(asan tsan)
 ctest_args=("$@")
 
-DDP_SKIP_BUILD=1 bash scripts/setup.sh  # packages only
+torch=${DDP_TORCH:-pip}
+DDP_TORCH=$torch DDP_SKIP_BUILD=1 bash scripts/setup.sh  # packages and the venv only
+suffix=""
+case $torch in
+  pip)
+    prefix=$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+    torch_args=("-DCMAKE_PREFIX_PATH=$prefix" "-DDDP_PYTHON=$root/.venv/bin/python3") ;;
+  debian)
+    suffix=-debian
+    torch_args=("-DTorch_DIR=/usr/lib/x86_64-linux-gnu/cmake/Torch" "-DDDP_PYTHON=/usr/bin/python3") ;;
+  *) echo "sanitize: DDP_TORCH=$torch: expected pip or debian" >&2; exit 2 ;;
+esac
 
 # configure <dir> <sanitizer flags> <cmake args...>: once; the flags are in
 # the cache afterwards. The precompiled header stays on: every target of the
@@ -41,7 +58,8 @@ configure() {
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" \
     -DDDP_BUILD_BENCH=OFF \
     -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" \
-    -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" "$@"
+    -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" \
+    "${torch_args[@]}" "$@"
 }
 
 status=0
@@ -63,7 +81,7 @@ run_ctest() {
 for kind in "${kinds[@]}"; do
   case $kind in
     asan)
-      dir=build-asan
+      dir=build-asan$suffix
       configure "$dir" "-fsanitize=address,undefined"
       cmake --build "$dir" -j "$jobs"
       # Leaks are checked (DDP_ASAN_DETECT_LEAKS=0 turns it off); lsan.supp
@@ -75,10 +93,11 @@ for kind in "${kinds[@]}"; do
         run_ctest "$dir"
       ;;
     tsan)
-      dir=build-tsan
-      # Tools off: only the two test binaries (and libddp) are built.
+      dir=build-tsan$suffix
+      # Tools off: only these test binaries (and libddp) are built.
       configure "$dir" "-fsanitize=thread" -DDDP_BUILD_TOOLS=OFF
-      cmake --build "$dir" -j "$jobs" --target distributed_data_parallel_test collectives_test
+      cmake --build "$dir" -j "$jobs" --target distributed_data_parallel_test reducer_test \
+        collectives_test shm_test flight_recorder_test comm_hooks_test powersgd_test
       TSAN_OPTIONS="suppressions=$supp/tsan.supp:print_suppressions=0:second_deadlock_stack=1:halt_on_error=0" \
         run_ctest "$dir"
       ;;
