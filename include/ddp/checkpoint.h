@@ -160,9 +160,8 @@ struct SaveOptions {
 
 // Collective (every rank of the group calls it with its model). A
 // ShardedOptimizer (ZeroRedundancyOptimizer; on the same group, else
-// InvalidArgument) first
-// gathers its shards on rank 0 (consolidate_state_dict). Gathers
-// every rank's RNG state to rank 0; rank 0 captures its model and optimizer,
+// InvalidArgument) first gathers its shards on rank 0
+// (consolidate_state_dict). Gathers every rank's RNG state to rank 0; rank 0 captures its model and optimizer,
 // creates `dir` if needed, writes the checkpoint atomically (see above) and
 // deletes old ones per keep_last; then rank 0 broadcasts the outcome, so
 // every rank returns only after the file is durable, and every rank throws

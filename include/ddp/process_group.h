@@ -144,7 +144,9 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 // collectives' `group=`; `process_group` in the options of
 // DistributedDataParallel, ZeroRedundancyOptimizer, SyncBatchNorm and
 // checkpoints, as PyTorch's) takes null to mean the calling thread's default
-// group (default_group()), looked up when the call runs. When there is no
+// group (default_group()), looked up when the call runs (by the objects
+// that hold a group, DistributedDataParallel and ZeroRedundancyOptimizer, at
+// their construction; by SyncBatchNorm at each forward). When there is no
 // default group, what PyTorch does is done: the communication calls
 // themselves (collectives.h, metrics.h, DistributedDataParallel) throw
 // InvalidArgument ("call ddp::init_process_group() first"), while the

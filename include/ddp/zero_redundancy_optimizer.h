@@ -42,8 +42,8 @@
 // the ranks still training get every shard updated.
 //
 // Collectives: the constructor (every rank checks every rank's parameter
-// list), step() and consolidate_state_dict(); they run on `group` (default:
-// the default group), in the same order on every rank. Every rank must
+// list), step() and consolidate_state_dict(); they run on `process_group`
+// (default: the default group), in the same order on every rank. Every rank must
 // construct it with the same optimizer class and options (not checked: each
 // owner applies its own). state_dict(), save(), load_state_dict() and
 // load() do not communicate.

@@ -307,7 +307,12 @@ std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir,
     }
   }
   if (group) choice = broadcast_string(choice, 0, co);
-  if (choice[0] == '!') throw InvalidArgument(choice.substr(1));
+  if (choice[0] == '!') {
+    if (!group || group->rank() == 0) throw InvalidArgument(choice.substr(1));
+    throw InvalidArgument("rank 0 could not list the checkpoints: " + choice.substr(1) + " (" +
+                          detail::kReportedByAnotherRank +
+                          ": load_latest_checkpoint is collective, so every rank fails with it)");
+  }
   if (choice[0] == '-') return std::nullopt;
 
   const std::string path = choice.substr(1);

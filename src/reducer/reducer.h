@@ -247,8 +247,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void learn_static_graph();
   void check_static_graph(bool learned_now);
 
-  // Fixed at construction (the buckets change only at the rebuild and at
-  // register_comm_hook, before any backward).
+  // Set at construction; the buckets and the comm change only at the
+  // one-time rebuild (prepare_for_forward of the second iteration) and at
+  // register_comm_hook (before the first forward), both under mu_.
   std::vector<Param> params_;
   std::vector<Bucket> buckets_;
   ProcessGroupPtr group_;

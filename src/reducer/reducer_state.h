@@ -33,8 +33,9 @@ struct Reducer::Bucket {
   std::vector<at::Tensor> views;  // shaped like each parameter
   // This iteration's flags (float, one per parameter), copied into `flags`
   // at launch: host memory, pinned for a device bucket (Note [CUDA buckets]).
-  // Zeroed at each iteration's start, never reallocated: a device copy from
-  // it may still be queued.
+  // Zeroed at each iteration's start; reallocated only with the bucket (the
+  // rebuild, register_comm_hook), after the last backward's host wait, so
+  // no device copy from it is still queued then.
   at::Tensor produced;
   float* produced_data() const { return produced.data_ptr<float>(); }
   at::Tensor scale;               // 1 / divisor, in the bucket's dtype

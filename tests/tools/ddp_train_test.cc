@@ -249,6 +249,31 @@ TEST_F(DdpTrain, ResumeFromBadMetadataNamesTheKeyAndTheFile) {
       << all;
 }
 
+// A checkpoint of an older ddp-train records no augmentation or label
+// smoothing: its run had none, whatever today's defaults are, so resuming
+// it with the defaults names the difference, and with its values goes on.
+TEST_F(DdpTrain, ResumingAnOlderRunComparesWithTheValuesItHad) {
+  const std::string out = dir_ + "/old";
+  ProcessResult first = train(out, {"--no-plot", "--epochs", "1", "--max-steps", "2",
+                                    "--label-smoothing", "0"});
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  const std::string path = *latest_checkpoint_path(out + "/checkpoints");
+  Checkpoint c = load_checkpoint(path);
+  nlohmann::json config = nlohmann::json::parse(c.metadata.at("config"));
+  config.erase("augment");
+  config.erase("label_smoothing");
+  c.metadata["config"] = config.dump();
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << detail::serialize_checkpoint(c);
+  ProcessResult with_defaults = train(out, {"--no-plot", "--epochs", "1", "--resume"});
+  EXPECT_NE(with_defaults.exit_code, 0);
+  EXPECT_NE(with_defaults.err.find("--label-smoothing gives 0.1, but the checkpoint's run used 0.0"),
+            std::string::npos)
+      << with_defaults.err;
+  ProcessResult as_it_was = train(out, {"--no-plot", "--epochs", "1", "--resume",
+                                        "--label-smoothing", "0"});
+  EXPECT_EQ(as_it_was.exit_code, 0) << as_it_was.out << as_it_was.err;
+}
+
 // --sync-bn: ddp::SyncBatchNorm layers under the same names (a checkpoint
 // holds bn1/bn2's buffers, updated once per step); it learns and the
 // replicas stay identical.

@@ -120,6 +120,12 @@ std::string check_resume(const Checkpoint& ckpt, const TrainConfig& c, int world
                                       ckpt.path));
   }
   const json now = json::parse(config_record(c, world_size));
+  // Keys an older ddp-train did not record: its runs had these values (not
+  // today's defaults), so a resume of such a run must not change them.
+  for (const auto& [key, then] : {std::pair<const char*, json>{"augment", "none"},
+                                  std::pair<const char*, json>{"label_smoothing", 0.0}}) {
+    if (!was.contains(key)) was[key] = then;
+  }
   // Flag, key: what makes the continued run another run. The one-cycle
   // schedule spans --epochs, so they count there; a constant one may be
   // extended.
