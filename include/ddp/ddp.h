@@ -19,6 +19,8 @@
 //   sync_batchnorm.h            SyncBatchNorm, convert_sync_batchnorm
 //   zero_redundancy_optimizer.h ZeroRedundancyOptimizer
 //   optimizer_state.h           OptimizerState, the ShardedOptimizer interface
+//   grad_scaler.h               GradScaler (float16 loss scaling)
+//   autocast.h                  AutocastGuard (torch.autocast as a scope)
 //
 // Not included: datasets/ (IDX files, Fashion-MNIST, the prefetching batch
 // loader, per-batch seeding), the data side of ddp-train, which a program
@@ -28,6 +30,7 @@
 // libtorch's torch/data, about 30 s more per translation unit.
 #pragma once
 
+#include "ddp/autocast.h"
 #include "ddp/checkpoint.h"
 #include "ddp/collectives.h"
 #include "ddp/comm_hooks.h"
@@ -36,6 +39,7 @@
 #include "ddp/env.h"
 #include "ddp/error.h"
 #include "ddp/flight_recorder.h"
+#include "ddp/grad_scaler.h"
 #include "ddp/join.h"
 #include "ddp/logging.h"
 #include "ddp/metrics.h"
