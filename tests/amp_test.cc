@@ -111,6 +111,16 @@ nlohmann::json run_oracle(const std::string& what) {
   return nlohmann::json::parse(in);
 }
 
+// The message of the InvalidArgument that f throws ("no error" if none).
+std::string message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
   float m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
@@ -238,14 +248,6 @@ TEST(GradScaler, AnInfOnOneRankOfAShardedOptimizerSkipsTheStepOnEveryRank) {
 }
 
 TEST(GradScaler, MisuseIsNamedAsPyTorchNamesIt) {
-  auto message = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const InvalidArgument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   auto has = [](const std::string& text, const std::string& part) {
     return text.find(part) != std::string::npos;
   };
@@ -359,14 +361,6 @@ TEST(Autocast, NestedScopesRestoreAndOtherThreadsAreUntouched) {
 }
 
 TEST(Autocast, BadDevicesAndDtypesAreNamed) {
-  auto message = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const InvalidArgument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   EXPECT_NE(message([] { AutocastGuard g(c10::kCPU, at::kDouble); })
                 .find("dtype Double is not an autocast dtype; use at::kBFloat16 or at::kHalf"),
             std::string::npos);
