@@ -13,6 +13,7 @@
 
 #include "checkpoint/checkpoint_format.h"
 #include "ddp/checkpoint.h"
+#include "ddp/grad_scaler.h"
 #include "launcher/process_harness.h"
 #include "support/oracle.h"
 
@@ -247,6 +248,37 @@ TEST_F(DdpTrain, ResumeFromBadMetadataNamesTheKeyAndTheFile) {
   EXPECT_NE(all.find(std::filesystem::path(path).filename().string() + "': metadata"),
             std::string::npos)
       << all;
+}
+
+// --amp fp16: autocast and a GradScaler whose state the checkpoints keep, so
+// a run stopped inside an epoch and resumed ends with the parameters and
+// the scale of the run that never stopped. (Small batches: float16
+// convolutions are slow on a CPU.)
+TEST_F(DdpTrain, AmpFp16ResumesWithItsScalerExactly) {
+  const std::vector<std::string> small = {"--no-plot", "--amp", "fp16", "--batch-size", "16",
+                                          "--train-samples", "256", "--test-samples", "100"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = small;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  ProcessResult full = train(dir_ + "/full", with({}));
+  ASSERT_EQ(full.exit_code, 0) << full.out << full.err;
+  EXPECT_NE(full.out.find(", amp fp16"), std::string::npos) << full.out;
+  ASSERT_EQ(train(dir_ + "/split", with({"--max-steps", "5"})).exit_code, 0);
+  ProcessResult resumed = train(dir_ + "/split", with({"--resume"}));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  const Checkpoint a = load_checkpoint(*latest_checkpoint_path(dir_ + "/full/checkpoints"));
+  const Checkpoint b = load_checkpoint(*latest_checkpoint_path(dir_ + "/split/checkpoints"));
+  EXPECT_EQ(a.step, 16);
+  ASSERT_TRUE(a.metadata.count("grad_scaler")) << "the scaler's state is not in the checkpoint";
+  EXPECT_EQ(a.metadata.at("grad_scaler"), b.metadata.at("grad_scaler"));
+  EXPECT_GT(GradScalerState::from_string(a.metadata.at("grad_scaler")).scale, 0);
+  EXPECT_TRUE(same_model(a, b));
+  ProcessResult bf16 = train(dir_ + "/full", with({"--resume", "--amp", "bf16"}));
+  EXPECT_NE(bf16.err.find("--amp gives \"bf16\", but the checkpoint's run used \"fp16\""),
+            std::string::npos)
+      << bf16.err;
 }
 
 // A checkpoint of an older ddp-train records no augmentation or label

@@ -100,6 +100,10 @@ TrainConfig parse_args(int argc, char** argv) {
   app.add_option("--label-smoothing", c.label_smoothing,
                  "Cross-entropy's label smoothing, in [0, 1) (PyTorch's label_smoothing)")
       ->check(CLI::Range(0.0, 0.999));
+  app.add_option("--amp", c.amp,
+                 "Mixed precision: none, bf16 (forward and loss under autocast in bfloat16) or "
+                 "fp16 (float16, with a GradScaler)")
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}));
   app.add_option("--seed", c.seed, "Seed for weights, dropout, the sampler's shuffling and "
                                    "the augmentation")
       ->check(integer_in(0, std::numeric_limits<long long>::max(), "INT >= 0"));
@@ -169,13 +173,14 @@ std::string describe(const TrainConfig& c, int world_size) {
   };
   return fmt::format(
       "ddp-train: world_size {}, batch {} per process ({} global), {} lr {}{} ({} schedule), {}, "
-      "seed {}, backend {}, device {}, {}{}{}{}",
+      "seed {}, backend {}, device {}, {}{}{}{}{}",
       world_size, c.batch_size, c.batch_size * world_size, c.optimizer,
       c.scale_lr ? c.lr * world_size : c.lr, c.scale_lr ? " (scaled)" : "", c.schedule,
       count(c.epochs, "epoch", "epochs"), c.seed, c.backend, c.device,
       count(c.workers, "loader thread", "loader threads"), c.sync_bn ? ", SyncBatchNorm" : "",
       c.augment == "none" ? "" : ", augment " + c.augment,
-      c.label_smoothing > 0 ? fmt::format(", label smoothing {}", c.label_smoothing) : "");
+      c.label_smoothing > 0 ? fmt::format(", label smoothing {}", c.label_smoothing) : "",
+      c.amp == "none" ? "" : ", amp " + c.amp);
 }
 
 }  // namespace ddp::train

@@ -26,6 +26,10 @@ struct TrainConfig {
   // of its weight evenly over all classes. 0: plain cross-entropy. 0.1 by
   // default: with 7 epochs, 92.41 % test accuracy (README, "Measured").
   double label_smoothing = 0.1;
+  // Mixed precision (docs/mixed_precision.md): "none", "bf16" (the forward
+  // under autocast in bfloat16) or "fp16" (float16, with a GradScaler whose
+  // state the checkpoints keep).
+  std::string amp = "none";
   std::string backend = "gloo";
   std::string device = "cpu";  // "cpu" or "cuda" (cuda:LOCAL_RANK)
   std::string data_dir = "/usr/share/datasets/fashion-mnist";

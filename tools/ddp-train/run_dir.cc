@@ -99,7 +99,8 @@ std::string config_record(const TrainConfig& c, int world_size) {
                   {"optimizer", c.optimizer}, {"schedule", c.schedule},
                   {"lr", c.lr},               {"scale_lr", c.scale_lr},
                   {"epochs", c.epochs},       {"world_size", world_size},
-                  {"augment", c.augment},     {"label_smoothing", c.label_smoothing}};
+                  {"augment", c.augment},     {"label_smoothing", c.label_smoothing},
+                  {"amp", c.amp}};
   return j.dump();
 }
 
@@ -123,7 +124,8 @@ std::string check_resume(const Checkpoint& ckpt, const TrainConfig& c, int world
   // Keys an older ddp-train did not record: its runs had these values (not
   // today's defaults), so a resume of such a run must not change them.
   for (const auto& [key, then] : {std::pair<const char*, json>{"augment", "none"},
-                                  std::pair<const char*, json>{"label_smoothing", 0.0}}) {
+                                  std::pair<const char*, json>{"label_smoothing", 0.0},
+                                  std::pair<const char*, json>{"amp", "none"}}) {
     if (!was.contains(key)) was[key] = then;
   }
   // Flag, key: what makes the continued run another run. The one-cycle
@@ -134,7 +136,8 @@ std::string check_resume(const Checkpoint& ckpt, const TrainConfig& c, int world
       {"--batch-size", "batch_size"}, {"--sync-bn", "model"},
       {"--optimizer", "optimizer"}, {"--schedule", "schedule"},
       {"--lr", "lr"},               {"--scale-lr", "scale_lr"},
-      {"--augment", "augment"},     {"--label-smoothing", "label_smoothing"}};
+      {"--augment", "augment"},     {"--label-smoothing", "label_smoothing"},
+      {"--amp", "amp"}};
   if (c.schedule == "onecycle") keys.push_back({"--epochs", "epochs"});
   std::vector<std::string> diffs;
   for (const auto& [flag, key] : keys) {

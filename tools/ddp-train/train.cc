@@ -70,6 +70,7 @@ struct Run {
   FashionCnn net{nullptr};
   std::unique_ptr<DistributedDataParallel<FashionCnn>> model;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  GradScaler scaler{GradScalerOptions{}};  // set_up: enabled for --amp fp16 only
   std::unique_ptr<datasets::FashionMnist> train_set, test_set;
   int64_t train_size = 0, test_size = 0;
   int start_epoch = 0;
@@ -139,6 +140,9 @@ void set_up(Run& r) {
     r.optimizer = std::make_unique<torch::optim::Adam>(r.net->parameters(),
                                                        torch::optim::AdamOptions(lr));
   }
+  GradScalerOptions scaling;  // PyTorch's defaults; only float16 needs one
+  scaling.enabled = c.amp == "fp16";
+  r.scaler = GradScaler(scaling);
   // The schedule spans the --epochs of the run (each rank takes ceil(its
   // shard / batch) steps per epoch, the same on every rank). --max-steps
   // only stops early, so a run stopped there and resumed follows the same
@@ -171,6 +175,9 @@ void maybe_resume(Run& r) {
   const std::string note = check_resume(*ckpt, r.config, r.world);
   if (!note.empty()) print0(note);
   restore_checkpoint(*ckpt, *r.net, r.optimizer.get());
+  if (auto it = ckpt->metadata.find("grad_scaler"); it != ckpt->metadata.end()) {
+    r.scaler.load_state_dict(GradScalerState::from_string(it->second));
+  }
   if (r.rank == 0) {
     if (const int dropped = cut_metrics(jsonl, ckpt->step, ckpt->epoch)) {
       print0(fmt::format("ddp-train: --resume: dropped {} line{} of {} written after the "
@@ -189,6 +196,14 @@ void maybe_resume(Run& r) {
            "the checkpoint and starts afresh, so this run will not end with exactly the "
            "parameters of an uninterrupted one");
   }
+}
+
+// --amp bf16|fp16: the forward and the loss under autocast on the run's
+// device (nothing for --amp none).
+std::optional<AutocastGuard> amp_scope(const Run& r) {
+  if (r.config.amp == "none") return std::nullopt;
+  return std::optional<AutocastGuard>(std::in_place, r.device.type(),
+                                      r.config.amp == "bf16" ? at::kBFloat16 : at::kHalf);
 }
 
 // Exact accuracy over the first test_size test images: each rank evaluates
@@ -212,6 +227,7 @@ void evaluate(Run& r, EpochRecord& rec) {
   m.add_mean("loss", 0, 0);
   while (auto b = loader.next()) {
     at::Tensor x = b->data.to(r.device), y = b->target.to(r.device);
+    const std::optional<AutocastGuard> autocast = amp_scope(r);
     at::Tensor out = (*r.model)(x);
     m.add_mean("loss", at::cross_entropy_loss(out, y).item<double>(), double(y.size(0)));
     m.add_count("correct", out.argmax(1).eq(y).sum().item<int64_t>());
@@ -325,12 +341,16 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
     r.optimizer->zero_grad();
     set_learning_rate(r);
     inject_collective_fault(r);
-    at::Tensor out = (*r.model)(x);
-    inject_fault(r, out);
-    at::Tensor loss = at::cross_entropy_loss(out, y, {}, at::Reduction::Mean, -100,
-                                             c.label_smoothing);
-    loss.backward();
-    r.optimizer->step();
+    at::Tensor out, loss;
+    {
+      const std::optional<AutocastGuard> autocast = amp_scope(r);  // --amp
+      out = (*r.model)(x);
+      inject_fault(r, out);
+      loss = at::cross_entropy_loss(out, y, {}, at::Reduction::Mean, -100, c.label_smoothing);
+    }
+    r.scaler.scale(loss).backward();  // backward outside autocast, as in Python
+    r.scaler.step(*r.optimizer);      // a plain step unless --amp fp16
+    r.scaler.update();
     ++r.step;
     ++done;
     double l = loss.item<double>();
@@ -417,6 +437,7 @@ std::string save_epoch(Run& r, int epoch, const EpochProgress& p) {
   co.keep_last = 3;
   co.metadata["epoch_batches"] = std::to_string(p.complete() ? 0 : p.done);
   co.metadata["config"] = config_record(r.config, r.world);
+  if (r.scaler.is_enabled()) co.metadata["grad_scaler"] = r.scaler.state_dict().to_string();
   return save_checkpoint(r.config.checkpoint_dir, *r.net, r.optimizer.get(),
                          p.complete() ? epoch + 1 : epoch, r.step, co);
 }
