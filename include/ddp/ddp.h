@@ -20,6 +20,7 @@
 //   zero_redundancy_optimizer.h ZeroRedundancyOptimizer
 //   optimizer_state.h           OptimizerState, the ShardedOptimizer interface
 //   grad_scaler.h               GradScaler (float16 loss scaling)
+//   state_dict.h                Python's torch.save'd state dicts, both ways
 //   autocast.h                  AutocastGuard (torch.autocast as a scope)
 //
 // Not included: datasets/ (IDX files, Fashion-MNIST, the prefetching batch

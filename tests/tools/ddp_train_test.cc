@@ -225,6 +225,27 @@ TEST_F(DdpTrain, ADirectoryHoldingARunIsRefusedResumedOnlyAsItselfOrReplaced) {
   EXPECT_EQ(recs[1]["epoch"], 2);
   EXPECT_EQ(recs[1]["steps"], 60);
 
+  // Another schedule and more epochs: both named at once.
+  ProcessResult schedule = train(out, {"--no-plot", "--resume", "--schedule", "constant",
+                                       "--epochs", "3"});
+  EXPECT_NE(schedule.exit_code, 0);
+  EXPECT_NE(schedule.err.find("--schedule gives \"constant\""), std::string::npos) << schedule.err;
+  EXPECT_NE(schedule.err.find("--epochs gives 3"), std::string::npos) << schedule.err;
+
+  // A new --out-dir with this run's --checkpoint-dir: the checkpoint
+  // directory is named, and --overwrite does not remove another run's files.
+  const std::string other_out = dir_ + "/b";
+  ProcessResult borrowed = train(other_out, {"--no-plot", "--checkpoint-dir", out + "/checkpoints"});
+  EXPECT_NE(borrowed.exit_code, 0);
+  EXPECT_NE(borrowed.err.find("ddp-train: --checkpoint-dir " + out + "/checkpoints holds another run"),
+            std::string::npos)
+      << borrowed.err;
+  ProcessResult taken = train(other_out, {"--no-plot", "--checkpoint-dir", out + "/checkpoints",
+                                          "--overwrite"});
+  EXPECT_NE(taken.exit_code, 0);
+  EXPECT_NE(taken.err.find("not replaced"), std::string::npos) << taken.err;
+  EXPECT_TRUE(latest_checkpoint_path(out + "/checkpoints").has_value());
+
   ProcessResult replaced = train(out, {"--no-plot", "--overwrite", "--max-steps", "30"});
   ASSERT_EQ(replaced.exit_code, 0) << replaced.out << replaced.err;
   EXPECT_EQ(records(out).size(), 1u);
@@ -366,6 +387,13 @@ TEST_F(DdpTrain, AnUnknownFlagIsNamedWithTheClosestKnownOne) {
             1u)
       << r.err;
   EXPECT_EQ(r.err.find("failed"), std::string::npos) << r.err;
+  for (const char* bad : {"nan", "1", "-0.1", "abc"}) {
+    ProcessResult ls = run_process({DDP_TRAIN_PATH, "--label-smoothing", bad}, {}, 60);
+    EXPECT_EQ(ls.exit_code, 2) << bad;
+    EXPECT_NE(ls.err.find(std::string("must be a number in [0, 1), got ") + bad),
+              std::string::npos)
+        << ls.err;
+  }
 }
 
 // An output directory that cannot be written fails at start-up, on every

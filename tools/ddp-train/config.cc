@@ -50,6 +50,19 @@ CLI::Validator positive_number() {
       "NUMBER > 0");
 }
 
+// A number in [0, 1): a probability that must leave the target some weight.
+CLI::Validator fraction_below_one() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(s, v) || !(v >= 0 && v < 1)) {
+          return fmt::format("must be a number in [0, 1), got {}", s);
+        }
+        return "";
+      },
+      "NUMBER in [0, 1)");
+}
+
 // "all" (stored as -1, the default) or a count >= 1.
 void add_count(CLI::App& app, const std::string& flag, int64_t& value, const std::string& help) {
   app.add_option(flag, value, help + " (a count >= 1, or all)")
@@ -99,7 +112,7 @@ TrainConfig parse_args(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "flip", "flip-shift"}));
   app.add_option("--label-smoothing", c.label_smoothing,
                  "Cross-entropy's label smoothing, in [0, 1) (PyTorch's label_smoothing)")
-      ->check(CLI::Range(0.0, 0.999));
+      ->check(fraction_below_one());
   app.add_option("--amp", c.amp,
                  "Mixed precision: none, bf16 (forward and loss under autocast in bfloat16) or "
                  "fp16 (float16, with a GradScaler)")

@@ -1,8 +1,8 @@
 """ddp-train's model in Python: the same layers under the same names as
 FashionCnn (tools/ddp-train/model.h), so that a checkpoint's .model.pt
 loads with strict=True. Input: N x 1 x 28 x 28 float32, each pixel p in
-0..255 as (p / 255 - 0.28604) / 0.35302 (torchvision's ToTensor() and
-Normalize((0.28604,), (0.35302,))). Output: N x 10 logits.
+0..255 as (p / 255 - 0.2860) / 0.3530 (torchvision's ToTensor() and
+Normalize((0.2860,), (0.3530,))). Output: N x 10 logits.
 
     import glob, torch
     from fashion_cnn import FashionCnn

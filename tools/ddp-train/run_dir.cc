@@ -52,6 +52,17 @@ std::string inspect(const TrainConfig& c) {
   const bool has_metrics = exists(jsonl);
   if (!has_metrics && ckpts.empty()) return "";
   if (c.resume) return "";
+  // Checkpoints in a --checkpoint-dir of its own, beside an --out-dir with
+  // no run: they are another --out-dir's run, not this one's to replace.
+  const bool own_checkpoint_dir = c.checkpoint_dir != c.out_dir + "/checkpoints";
+  const bool foreign = own_checkpoint_dir && !has_metrics;
+  if (c.overwrite && foreign) {
+    return fmt::format(
+        "ddp-train: --overwrite: --checkpoint-dir {} holds {} checkpoint file{} of a run whose "
+        "--out-dir is not {} (it has no metrics.jsonl): not replaced. Remove them yourself, or "
+        "choose another --checkpoint-dir",
+        c.checkpoint_dir, ckpts.size(), ckpts.size() == 1 ? "" : "s", c.out_dir);
+  }
   if (c.overwrite) {
     for (const char* name : {"/metrics.jsonl", "/metrics.png", "/metrics.png.dat", "/metrics.png.gp"}) {
       ::unlink((c.out_dir + name).c_str());
@@ -67,6 +78,12 @@ std::string inspect(const TrainConfig& c) {
   if (!ckpts.empty()) {
     what.push_back(fmt::format("{} checkpoint file{} in {}", ckpts.size(),
                                ckpts.size() == 1 ? "" : "s", c.checkpoint_dir));
+  }
+  if (foreign) {
+    return fmt::format(
+        "ddp-train: --checkpoint-dir {} holds another run ({}): continue it with --resume (and "
+        "that run's flags and --out-dir), or choose another --checkpoint-dir",
+        c.checkpoint_dir, fmt::join(what, ", "));
   }
   return fmt::format(
       "ddp-train: --out-dir {} holds another run ({}): continue it with --resume (and that "
@@ -138,7 +155,9 @@ std::string check_resume(const Checkpoint& ckpt, const TrainConfig& c, int world
       {"--lr", "lr"},               {"--scale-lr", "scale_lr"},
       {"--augment", "augment"},     {"--label-smoothing", "label_smoothing"},
       {"--amp", "amp"}};
-  if (c.schedule == "onecycle") keys.push_back({"--epochs", "epochs"});
+  if (c.schedule == "onecycle" || was.value("schedule", std::string()) == "onecycle") {
+    keys.push_back({"--epochs", "epochs"});
+  }
   std::vector<std::string> diffs;
   for (const auto& [flag, key] : keys) {
     if (!was.contains(key) || was[key] == now[key]) continue;

@@ -7,10 +7,14 @@
 // the old run's). So rank 0 looks at the directory before training: a
 // directory with metrics.jsonl or checkpoints is refused, unless the user
 // says --resume (continue it) or --overwrite (replace it: ddp-train's own
-// files go, nothing else). A resume compares the checkpoint's recorded
-// configuration (config_record, in its metadata "config") with the flags and
-// names every difference that would make the continued run another run
-// (seed, samples, batch, model, optimizer, schedule, learning rate, epochs);
+// files go, nothing else; checkpoints in a --checkpoint-dir of their own
+// beside an --out-dir without metrics are another run's, and not removed).
+// A resume compares the checkpoint's recorded configuration (config_record,
+// in its metadata "config") with the flags and names every difference that
+// would make the continued run another run (seed, samples, batch, model,
+// optimizer, schedule, learning rate, --scale-lr, augmentation, label
+// smoothing, --amp, and epochs when either run's schedule is one-cycle; keys
+// an older ddp-train did not record count as the values its runs had);
 // a changed world size is allowed (the checkpoint resumes on any number of
 // ranks) and said, with the global batch it gives. metrics.jsonl is then
 // cut back to the checkpoint's step, so that a crash between an epoch's line

@@ -143,6 +143,10 @@ void set_up(Run& r) {
   GradScalerOptions scaling;  // PyTorch's defaults; only float16 needs one
   scaling.enabled = c.amp == "fp16";
   r.scaler = GradScaler(scaling);
+  if (c.amp == "fp16" && r.device.is_cpu()) {
+    print0("ddp-train: note: --amp fp16 on a CPU runs ATen's slow float16 kernels (seconds per "
+           "step); it is for trying the code path: use --amp bf16 on a CPU");
+  }
   // The schedule spans the --epochs of the run (each rank takes ceil(its
   // shard / batch) steps per epoch, the same on every rank). --max-steps
   // only stops early, so a run stopped there and resumed follows the same
