@@ -3,10 +3,12 @@
 // checkpoints written by ddp::detail::serialize_checkpoint (empty; a model of every
 // dtype code with metadata and RNG states; native and archive optimizer
 // snapshots). scripts/fuzz.sh --seeds runs it:
-//   fuzz_seeds <dir>   writes <dir>/idx/* and <dir>/checkpoint/*
+//   fuzz_seeds <dir>   writes <dir>/idx/*, <dir>/checkpoint/* and
+//                      <dir>/flight_trace/* (rings: flight_ring.h)
 #include <ATen/ops/arange.h>
 #include <zlib.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,7 @@
 
 #include "checkpoint/checkpoint_format.h"
 #include "ddp/checkpoint.h"
+#include "flight_ring.h"
 #include "idx_encode.h"
 
 namespace {
@@ -164,6 +167,33 @@ void checkpoint_seeds(const std::string& dir) {
   write_file(dir + "/optimizer-archive.ddpckpt", ddp::detail::serialize_checkpoint(with_archive));
 }
 
+// flight_trace_fuzzer's input: a facts byte, a torn-read byte, then rings
+// (flight_ring.h).
+// Seeds: a rank behind (stopped before its last collective), a timeout on
+// both, ranks out of step (different signatures), a ring that wrapped.
+void flight_seeds(const std::string& dir) {
+  using ddp::flight::State;
+  using ddp::fuzz::make_ring;
+  auto write = [&](const std::string& name, uint8_t facts, const std::string& rings) {
+    std::ofstream(dir + "/" + name, std::ios::binary)
+        << std::string(1, static_cast<char>(facts)) << std::string(1, '\0') << rings;
+  };
+  write("behind", 0x00,
+        make_ring(0, 2, 4, 6, State::kTimedOut, "all_reduce #6 timed out after 8.0 s") +
+            make_ring(1, 2, 4, 5, State::kCompleted));
+  write("both-timed-out", 0x01,
+        make_ring(0, 2, 2, 3, State::kTimedOut, "timeout") +
+            make_ring(1, 2, 2, 3, State::kTimedOut, "timeout"));
+  std::string odd = make_ring(1, 3, 4, 4, State::kStarted);
+  // The last slot's signature: another collective on rank 1.
+  odd.replace(ddp::flight::ring_bytes(4) - sizeof(ddp::flight::Entry) +
+                  offsetof(ddp::flight::Entry, signature),
+              17, "barrier          ");
+  write("out-of-step", 0x80,
+        make_ring(0, 3, 4, 4, State::kStarted) + odd + make_ring(2, 3, 4, 4, State::kStarted));
+  write("wrapped-single", 0x10, make_ring(0, 1, 3, 10, State::kFailed, "SIGSEGV"));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,7 +204,9 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   std::filesystem::create_directories(dir + "/idx");
   std::filesystem::create_directories(dir + "/checkpoint");
+  std::filesystem::create_directories(dir + "/flight_trace");
   idx_seeds(dir + "/idx");
   checkpoint_seeds(dir + "/checkpoint");
+  flight_seeds(dir + "/flight_trace");
   return 0;
 }

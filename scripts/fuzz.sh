@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets (fuzz/) with Debian's clang and runs them one
 # after the other, each for a fixed time, with ASan+UBSan.
 #
-#   bash scripts/fuzz.sh                    # idx, checkpoint, torch_load: 600 s each
+#   bash scripts/fuzz.sh                    # idx, checkpoint, torch_load, flight_trace: 600 s each
 #   bash scripts/fuzz.sh --time 60 idx      # one target, one minute
 #   bash scripts/fuzz.sh --seeds            # rewrite fuzz/corpus/* and stop
 #   bash scripts/fuzz.sh --coverage         # line coverage of the parsers
@@ -33,11 +33,11 @@ while (($#)); do
     --timeout) timeout=$2; shift 2 ;;
     --seeds) seeds_only=1; shift ;;
     --coverage) coverage=1; shift ;;
-    idx | checkpoint | torch_load) targets+=("$1"); shift ;;
-    *) echo "fuzz.sh: unknown argument '$1' (expected --time S, --timeout S, --seeds, idx, checkpoint, torch_load)" >&2; exit 2 ;;
+    idx | checkpoint | torch_load | flight_trace) targets+=("$1"); shift ;;
+    *) echo "fuzz.sh: unknown argument '$1' (expected --time S, --timeout S, --seeds, idx, checkpoint, torch_load, flight_trace)" >&2; exit 2 ;;
   esac
 done
-((${#targets[@]})) || targets=(idx checkpoint torch_load)
+((${#targets[@]})) || targets=(idx checkpoint torch_load flight_trace)
 build=${DDP_FUZZ_BUILD_DIR:-build-fuzz}
 out=${DDP_FUZZ_OUT:-out/fuzz}
 
@@ -61,10 +61,11 @@ if [[ ! -f $build/build.ninja ]]; then
     -DCMAKE_CXX_COMPILER=clang++ -DDDP_BUILD_FUZZERS=ON -DDDP_USE_PCH=OFF \
     -DDDP_BUILD_TESTS=OFF -DDDP_BUILD_TOOLS=OFF -DDDP_BUILD_BENCH=OFF
 fi
-cmake --build "$build" -j "${DDP_JOBS:-2}" --target idx_fuzzer checkpoint_fuzzer torch_load_fuzzer fuzz_seeds
+cmake --build "$build" -j "${DDP_JOBS:-2}" --target idx_fuzzer checkpoint_fuzzer torch_load_fuzzer \
+  flight_trace_fuzzer fuzz_seeds
 
 if ((seeds_only)); then
-  rm -f fuzz/corpus/idx/* fuzz/corpus/checkpoint/*
+  rm -f fuzz/corpus/idx/* fuzz/corpus/checkpoint/* fuzz/corpus/flight_trace/*
   "$build/fuzz/fuzz_seeds" fuzz/corpus
   exit 0
 fi
@@ -80,12 +81,14 @@ if ((coverage)); then
       -DDDP_BUILD_TESTS=OFF -DDDP_BUILD_TOOLS=OFF -DDDP_BUILD_BENCH=OFF \
       -DCMAKE_CXX_FLAGS="-fprofile-instr-generate -fcoverage-mapping"
   fi
-  cmake --build "$cov" -j "${DDP_JOBS:-2}" --target idx_fuzzer checkpoint_fuzzer torch_load_fuzzer
+  cmake --build "$cov" -j "${DDP_JOBS:-2}" --target idx_fuzzer checkpoint_fuzzer torch_load_fuzzer \
+    flight_trace_fuzzer
   for t in "${targets[@]}"; do
     case $t in
       idx) sources=(src/datasets/idx.cc src/datasets/byte_reader.cc) ;;
       checkpoint) sources=(src/checkpoint/checkpoint_format.cc) ;;
       torch_load) sources=(src/checkpoint/torch_load.cc src/checkpoint/unpickler.cc) ;;
+      flight_trace) sources=(src/flight/flight_trace.cc src/flight/flight_verdict.cc) ;;
     esac
     mkdir -p "$out/$t/corpus"
     LLVM_PROFILE_FILE="$out/$t/coverage.profraw" "$cov/fuzz/${t}_fuzzer" -runs=0 \

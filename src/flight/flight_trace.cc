@@ -73,10 +73,15 @@ void check_header(const std::string& path, const std::string& bytes, Header& h) 
 // entry a live rank was writing meanwhile is left out (counted as torn).
 RankTrace read_trace(const std::string& path) {
   const std::string bytes = read_bytes(path);
+  // A file replaced meanwhile (another size) counts as one read only.
+  return parse_trace(bytes, read_bytes(path), path);
+}
+
+RankTrace parse_trace(const std::string& bytes, const std::string& again_read,
+                      const std::string& path) {
   Header h;
   check_header(path, bytes, h);
-  std::string again = read_bytes(path);
-  if (again.size() != bytes.size()) again = bytes;  // replaced meanwhile: one read only
+  const std::string& again = again_read.size() == bytes.size() ? again_read : bytes;
   RankTrace t;
   t.path = path;
   t.group = field(h.group, sizeof(h.group));

@@ -37,6 +37,13 @@ struct RankTrace {
 // is not a flight record (bad magic, version, sizes) or cannot be read.
 RankTrace read_trace(const std::string& path);
 
+// The same over a ring's bytes, read twice (`again`: the second read, or
+// `bytes` when there was one): what read_trace does after reading, and
+// what fuzz/flight_trace_fuzzer.cc feeds arbitrary bytes. `path` names the
+// ring in errors.
+RankTrace parse_trace(const std::string& bytes, const std::string& again,
+                      const std::string& path);
+
 // Every "ddp_flight_*.bin" directly in `dir`, sorted by group then rank;
 // files that are not flight records are reported in `skipped` ("path:
 // why"), not thrown. Throws InvalidArgument when `dir` cannot be listed.

@@ -23,6 +23,12 @@ std::string clock_time(int64_t us) {
                      (us / 1000) % 1000);
 }
 
+// Seconds from `from_us` to `to_us`, in double: times come from files that
+// may hold anything (a damaged ring), and int64 differences could overflow.
+double seconds_between(int64_t from_us, int64_t to_us) {
+  return (static_cast<double>(to_us) - static_cast<double>(from_us)) / 1e6;
+}
+
 std::string cut(const std::string& s, size_t n) {
   return s.size() <= n ? s : s.substr(0, n - 3) + "...";
 }
@@ -38,7 +44,7 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 // What happened to an entry, as a clause: "timed out after 5.00 s".
 std::string outcome(const TraceEntry& e) {
-  const double secs = e.end_us > 0 ? (e.end_us - e.start_us) / 1e6 : 0;
+  const double secs = e.end_us > 0 ? seconds_between(e.start_us, e.end_us) : 0;
   switch (e.state) {
     case State::kStarted: return fmt::format("was still in it (started at {} UTC)", clock_time(e.start_us));
     case State::kCompleted: return fmt::format("completed it in {:.3f} s", secs);
@@ -276,7 +282,8 @@ std::string who_is_behind(const Group& g, const AttemptFacts& facts) {
   // A job stopped from outside (Ctrl-C) while healthy looks the same, the
   // ranks a few milliseconds apart: with nothing noted and nothing known,
   // the verdict says so.
-  const int64_t gap_ms = (end_us - e->start_us) / 1000;
+  const auto gap_ms = static_cast<int64_t>(
+      std::clamp(seconds_between(e->start_us, end_us) * 1000, -1e15, 1e15));
   bool known_ending = false;  // the launcher saw one of these ranks end
   for (const auto& [r, t] : g.ranks) known_ending = known_ending || ending_of(facts, *t) != nullptr;
   const bool unknown = facts.interrupt_signal == 0 && !known_ending;
@@ -353,7 +360,7 @@ std::vector<std::string> group_verdict(const std::vector<const RankTrace*>& trac
 
 std::string describe_entry(const TraceEntry& e) {
   std::string out = short_entry(e) + ": " + state_name(e.state);
-  if (e.end_us > 0) out += fmt::format(" after {:.3f} s", (e.end_us - e.start_us) / 1e6);
+  if (e.end_us > 0) out += fmt::format(" after {:.3f} s", seconds_between(e.start_us, e.end_us));
   return out;
 }
 
