@@ -121,16 +121,27 @@ void ProcessGroupImpl::abandon() {
 
 namespace detail {
 namespace {
-std::mutex g_live_mu;
-std::vector<ProcessGroupImpl*> g_live;  // guarded by g_live_mu
+// The live groups of the process (Note [Last words]). Never destroyed: the
+// default group (g_default above, constructed first and so destroyed last)
+// may be released at exit, after this file's later statics would be gone,
+// and its destructor takes itself off this list.
+struct LiveGroups {
+  std::mutex mu;
+  std::vector<ProcessGroupImpl*> groups;  // guarded by mu
+};
+LiveGroups& live_groups() {
+  static LiveGroups* live = new LiveGroups();  // intentionally leaked
+  return *live;
+}
 
 // Note [Last words] (last_words.h): leaves `message` in the store of every
 // live group of this process ("rank R: message"); best effort, never blocks
 // on a lock.
 void publish_fatal_to_groups(const std::string& message) noexcept {
-  std::unique_lock<std::mutex> lock(g_live_mu, std::try_to_lock);
+  LiveGroups& live = live_groups();
+  std::unique_lock<std::mutex> lock(live.mu, std::try_to_lock);
   if (!lock.owns_lock()) return;
-  for (ProcessGroupImpl* g : g_live) {
+  for (ProcessGroupImpl* g : live.groups) {
     if (g->monitor) g->monitor->publish_fatal(fmt::format("rank {}: {}", g->rank, message));
   }
 }
@@ -149,14 +160,16 @@ const std::string& ProcessGroup::shared_memory_off_reason() const {
 ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl)
     : impl_(std::move(impl)) {
   detail::set_last_words_publisher(&detail::publish_fatal_to_groups);
-  std::lock_guard<std::mutex> lock(detail::g_live_mu);
-  detail::g_live.push_back(impl_.get());
+  detail::LiveGroups& live = detail::live_groups();
+  std::lock_guard<std::mutex> lock(live.mu);
+  live.groups.push_back(impl_.get());
 }
 ProcessGroup::~ProcessGroup() {
   {
-    std::lock_guard<std::mutex> lock(detail::g_live_mu);
-    auto& live = detail::g_live;
-    live.erase(std::remove(live.begin(), live.end(), impl_.get()), live.end());
+    detail::LiveGroups& live = detail::live_groups();
+    std::lock_guard<std::mutex> lock(live.mu);
+    live.groups.erase(std::remove(live.groups.begin(), live.groups.end(), impl_.get()),
+                      live.groups.end());
   }
   // After a failed collective a Gloo worker thread may still be blocked:
   // on an operation past ddp's per-call timeout, or sending to a peer that
