@@ -14,12 +14,14 @@
 # ddprun and the benchmarks, NCCL on), runs the CTest label `gpu`
 # (tests/gpu_test.cc), then bench/gpu/run.sh (ddp against Python DDP on NCCL
 # at world size 1, the MLP and the transformer, alternating), and writes
-# everything into $OUT/gpu-check/ when $OUT is set (the device tool brings
-# $OUT back), else build-gpu/gpu-check/: machine.txt, configure.log,
+# everything into build-gpu/gpu-check/: machine.txt, configure.log,
 # build.log, tests.log, tests.xml (JUnit), gpu-check-nccl.json (the
 # benchmark's summary; its raw samples in raw/gpu-check-nccl.json.gz),
-# bench.log and summary.txt. Each phase has its own time limit, all inside
-# a budget of 500 s (BUDGET) so that the whole stays well inside 9 minutes, under the
+# bench.log and summary.txt. When $OUT is set (the device tool brings back
+# at most 8 files of it), the script ends by copying summary.txt, tests.log,
+# bench.log and gpu-check-nccl.json there, and all of build-gpu/gpu-check/
+# as gpu-check.tar.gz. Each phase has its own time limit, all inside
+# a budget of 520 s (BUDGET) so that the whole stays well inside 9 minutes, under the
 # device tool's 600 s per command; a phase that runs out is named in
 # summary.txt (exit status 3, never 124: that would read as the command's
 # own timeout) and the next phases still run where they can.
@@ -69,14 +71,24 @@ if [ "${1:-}" = "--bundle" ]; then
 fi
 
 PY=${PYTHON:-python3}
-BUDGET=${BUDGET:-500}
+BUDGET=${BUDGET:-520}
 BUILD=${BUILD:-$REPO/build-gpu}
-RESULTS=${OUT:+$OUT/gpu-check}
-RESULTS=${RESULTS:-$BUILD/gpu-check}
+RESULTS=$BUILD/gpu-check
+rm -rf "$RESULTS"
 mkdir -p "$BUILD" "$RESULTS"
 SUMMARY=$RESULTS/summary.txt
 : >"$SUMMARY"
 T0=$SECONDS
+# What comes back from a device machine: few files (the tool's limit is 8).
+bring_back() {
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p "$OUT"
+  for f in summary.txt tests.log bench.log gpu-check-nccl.json; do
+    [ -e "$RESULTS/$f" ] && cp "$RESULTS/$f" "$OUT/"
+  done
+  tar czf "$OUT/gpu-check.tar.gz" -C "$BUILD" gpu-check 2>/dev/null
+}
+trap bring_back EXIT
 say() { echo "gpu-check: $*" | tee -a "$SUMMARY"; }
 # phase <name> <seconds> <log> <command...>: runs it bounded, logs it, notes the outcome.
 phase() {
@@ -124,9 +136,13 @@ phase configure 100 "$RESULTS/configure.log" \
   || { tail -30 "$RESULTS/configure.log"; say "stopped: configure failed"; exit 1; }
 grep -E "libtorch|CUDA libtorch|C\+\+[0-9]" "$RESULTS/configure.log" | tee -a "$SUMMARY"
 
+# -k: on a failure, every translation unit's errors in one run, not the first's.
+keep_going=(-k)
+[ "$GEN" = Ninja ] && keep_going=(-k 0)
 phase build "${DDP_GPU_CHECK_BUILD_LIMIT:-270}" "$RESULTS/build.log" \
   cmake --build "$BUILD" -j "$(nproc)" --target gpu_test ddprun ddp-bench allreduce-bench \
-  || { tail -30 "$RESULTS/build.log"; say "stopped: build failed"; exit 1; }
+    -- "${keep_going[@]}" \
+  || { grep -E -A3 "error|FAILED" "$RESULTS/build.log" | head -80; say "stopped: build failed"; exit 1; }
 if [ "${DDP_GPU_CHECK_BUILD_ONLY:-0}" = 1 ]; then
   say "built in $((SECONDS - T0)) s; DDP_GPU_CHECK_BUILD_ONLY=1: no tests, no benchmark"
   exit 0
@@ -136,18 +152,19 @@ fi
 junit=()
 ctest --help 2>/dev/null | grep -q -- --output-junit && junit=(--output-junit "$RESULTS/tests.xml")
 left=$((BUDGET - (SECONDS - T0)))
-[ "$left" -gt 120 ] && left=120
+[ "$left" -gt 150 ] && left=150
 phase tests "$left" "$RESULTS/tests.log" \
   ctest --test-dir "$BUILD" -L '^gpu$' --output-on-failure --timeout 90 "${junit[@]}"
 tests_rc=$?
 if [ $tests_rc -eq 124 ] || [ $tests_rc -eq 137 ]; then tests_rc=3; fi
 grep -E "tests passed|Skipped|\*\*\*Failed|\*\*\*Timeout|Not Run" "$RESULTS/tests.log" | tee -a "$SUMMARY"
 
-# The benchmark, with what time is left (at most 150 s): NCCL at W=1,
+# The benchmark, with what time is left (at most 240 s): NCCL at W=1,
 # communication forced through NCCL so that ddp does what Python DDP does.
+# bench.log has each run's figure as it comes, should the phase run out.
 left=$((BUDGET - (SECONDS - T0)))
 if [ "$left" -gt 60 ]; then
-  [ "$left" -gt 150 ] && left=150
+  [ "$left" -gt 240 ] && left=240
   DDP_GPU_BENCH_SKIP_BUILD=1 PYTHON="$PY" BUILD="$BUILD" NAME=gpu-check REPEATS=2 STEPS=100 \
     RESULTS_DIR="$RESULTS" BACKENDS=nccl \
     phase benchmark "$left" "$RESULTS/bench.log" bash "$REPO/bench/gpu/run.sh"
