@@ -33,8 +33,9 @@
 # -DCMAKE_IGNORE_PREFIX_PATH=/usr, so that CMake finds nothing of Debian's
 # and everything in build-gpu-deps/).
 #
-# Checked here (no GPU): the build half against PyTorch 2.14.1 for CUDA 13
-# (docs/compat.md). Not yet run on a GPU machine.
+# Checked here (no GPU): the build half against PyTorch 2.14.1 for CUDA 13.
+# Ran once on an H200 with PyTorch 2.11 (2026-12-04): what it found is in
+# docs/compat.md ("On a GPU"), its benchmark in BENCHMARKS.md.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 DEPS=$REPO/build-gpu-deps
@@ -158,6 +159,22 @@ phase tests "$left" "$RESULTS/tests.log" \
 tests_rc=$?
 if [ $tests_rc -eq 124 ] || [ $tests_rc -eq 137 ]; then tests_rc=3; fi
 grep -E "tests passed|Skipped|\*\*\*Failed|\*\*\*Timeout|Not Run" "$RESULTS/tests.log" | tee -a "$SUMMARY"
+
+# A test that crashed is run again under a debugger, up to three of them,
+# for where it crashed: the backtrace, and the words on the stack as
+# symbols (a call through a null pointer leaves no frame to unwind, but its
+# return address is the top word).
+gdb=$(command -v gdb || command -v cuda-gdb || true)
+crashed=$(grep -oE "Test +#[0-9]+: [^ ]+ \.+\*\*\*Exception" "$RESULTS/tests.log" | awk '{print $3}' | head -3)
+if [ -n "$crashed" ] && [ -n "$gdb" ]; then
+  for t in $crashed; do
+    left=$((BUDGET - (SECONDS - T0)))
+    [ "$left" -gt 100 ] || break
+    phase "crash $t" 60 "$RESULTS/crash-$t.log" "$gdb" -batch -ex run -ex "bt 12" -ex 'x/16a $sp' \
+      --args "$BUILD/tests/gpu_test" "--gtest_filter=$t"
+    grep -E "^#[0-9]|<[^>]+>" "$RESULTS/crash-$t.log" | grep -v "^0x0*0 " | head -20 >>"$SUMMARY"
+  done
+fi
 
 # The benchmark, with what time is left (at most 240 s): NCCL at W=1,
 # communication forced through NCCL so that ddp does what Python DDP does.

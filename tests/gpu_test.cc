@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -52,6 +53,13 @@ using testing::ScopedEnv;
 using testing::TempDir;
 using testing::copy_state;
 using testing::state_of;
+
+// Line-buffered stdout: under CTest it is a pipe, and a test that crashes
+// (as some did on the first GPU machine) would take its last lines with it.
+[[maybe_unused]] const bool kLineBuffered = [] {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  return true;
+}();
 
 int gpus() { return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
 
@@ -431,14 +439,16 @@ NamedState unused_then_join_rank(const Branchy& init, const Data& d, int r,
   Branchy m;
   m->to(device);
   copy_state(init, m);
-  DistributedDataParallelOptions o;
-  o.find_unused_parameters = true;
-  DistributedDataParallel<Branchy> model(m, o);
-  torch::optim::SGD opt(model.parameters(), 0.1);
-  for (int s = 0; s < kSteps; ++s) {
-    opt.zero_grad();
-    torch::mse_loss(model(d.x_of(s, r), r == 1), d.y_of(s, r)).backward();
-    opt.step();
+  torch::optim::SGD opt(m->parameters(), 0.1);
+  {  // the first wrapper ends before the second wraps the module
+    DistributedDataParallelOptions o;
+    o.find_unused_parameters = true;
+    DistributedDataParallel<Branchy> model(m, o);
+    for (int s = 0; s < kSteps; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(model(d.x_of(s, r), r == 1), d.y_of(s, r)).backward();
+      opt.step();
+    }
   }
   DistributedDataParallel<Branchy> joined(m);
   join(joined, [&] {

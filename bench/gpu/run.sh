@@ -22,7 +22,8 @@
 # Debian's libgloo-dev, or GLOO_INCLUDE=<dir holding gloo/algorithm.h> (e.g.
 # a copy of /usr/include/gloo carried to the machine; Note [Gloo headers] in
 # src/compat/gloo_backend.cc says why any Gloo's declarations do).
-# Status: written without access to a GPU machine; it has not been run.
+# Status: ran once, through scripts/gpu-check.sh on an H200 (NCCL only,
+# 2 repeats): BENCHMARKS.md, "On a GPU".
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)

@@ -25,7 +25,8 @@
 // all_reduces and returns an empty output, so the others do not wait for
 // it); and statistics are combined in float64. CUDA tensors take the same
 // code (ATen operations that have CUDA kernels, all_reduce on the group's
-// backend); their test (tests/gpu_test.cc) has not yet run on a GPU.
+// backend); their tests (tests/gpu_test.cc) have not yet passed on a GPU
+// (docs/compat.md, "On a GPU").
 //
 // Shapes and dtypes: input N x C x * (at least 2 dimensions: 1d, 2d and 3d
 // batch norm alike), floating point; output: the input's shape and dtype.

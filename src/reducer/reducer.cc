@@ -160,7 +160,9 @@ void Reducer::unexpected_gradient(size_t index) {
   throw InvalidArgument(fmt::format(
       "DistributedDataParallel: parameter '{}' got a gradient from a backward "
       "whose graph {}did not come from the wrapper's forward (for example "
-      "model.module()->forward(x)), so no gradient would be averaged and the "
+      "model.module()->forward(x), or the forward of a second wrapper of the "
+      "same module while this one lives: destroy the first before wrapping "
+      "the module again), so no gradient would be averaged and the "
       "ranks would drift apart. Build the graph you backpropagate through by "
       "calling the wrapper, model(x); for a backward that should stay local, "
       "run that forward inside model.no_sync()",
