@@ -274,6 +274,32 @@ TEST(GradScaler, MisuseIsNamedAsPyTorchNamesIt) {
   bad.backoff_factor = 1.5;
   EXPECT_TRUE(has(message([&] { GradScaler s(bad); }), "backoff_factor must be in (0, 1), got 1.5"));
   EXPECT_TRUE(has(message([] { GradScalerState::from_string("scale=x"); }), "'scale=x'"));
+  EXPECT_TRUE(has(message([] { GradScalerState::from_string("scale=1 scale=1 scale=1 scale=1 "
+                                                            "scale=1"); }),
+                  "('scale' twice)"));
+  // A state no scaler reaches, as a damaged checkpoint could hold: refused,
+  // not loaded into a scaler that would then skip every step.
+  GradScaler fresh;
+  for (const char* text : {"scale=inf growth_factor=2 backoff_factor=0.5 growth_interval=2000 "
+                           "growth_tracker=0",
+                           "scale=nan growth_factor=2 backoff_factor=0.5 growth_interval=2000 "
+                           "growth_tracker=0",
+                           "scale=8 growth_factor=inf backoff_factor=0.5 growth_interval=2000 "
+                           "growth_tracker=0",
+                           "scale=8 growth_factor=2 backoff_factor=0.5 growth_interval=2000 "
+                           "growth_tracker=-1"}) {
+    const GradScalerState s = GradScalerState::from_string(text);
+    EXPECT_TRUE(has(message([&] { fresh.load_state_dict(s); }), "the source is damaged")) << text;
+  }
+  // Every state a scaler writes parses back to itself.
+  const GradScalerState odd{.scale = 0.1 + 0.2, .growth_factor = 1.0000000000000002,
+                            .backoff_factor = 1.0 / 3, .growth_interval = 7, .growth_tracker = 3};
+  const GradScalerState back = GradScalerState::from_string(odd.to_string());
+  EXPECT_EQ(back.scale, odd.scale);
+  EXPECT_EQ(back.growth_factor, odd.growth_factor);
+  EXPECT_EQ(back.backoff_factor, odd.backoff_factor);
+  EXPECT_EQ(back.growth_interval, odd.growth_interval);
+  EXPECT_EQ(back.growth_tracker, odd.growth_tracker);
 }
 
 TEST(GradScaler, ADisabledScalerPassesEverythingThrough) {

@@ -83,7 +83,9 @@ struct GradScalerState {
   // growth_tracker=0": kept in a checkpoint's metadata (SaveOptions::
   // metadata["grad_scaler"]) and parsed back exactly (17 digits).
   std::string to_string() const;
-  // Throws InvalidArgument naming the text when it is not one.
+  // Throws InvalidArgument naming the text when it is not one: each of the
+  // five fields exactly once, each value a whole number (interval,
+  // tracker) or a number (the rest). from_string(s.to_string()) == s.
   static GradScalerState from_string(const std::string& text);
 };
 
@@ -135,7 +137,11 @@ class GradScaler {
 
   GradScalerState state_dict() const;
   // Takes a state_dict(); InvalidArgument for an empty one (as PyTorch's
-  // "The source state dict is empty"). Applies at the next scale().
+  // "The source state dict is empty"), and, unlike PyTorch, for one no
+  // scaler reaches (a scale or growth factor that is not finite, a
+  // negative tracker, the factors and interval the options refuse), so that
+  // a damaged checkpoint does not skip every step. Applies at the next
+  // scale().
   void load_state_dict(const GradScalerState& state);
 
  private:

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <sstream>
 #include <utility>
 
 #include "compat/amp_compat.h"
@@ -255,6 +254,15 @@ GradScalerState GradScaler::state_dict() const {
 
 void GradScaler::load_state_dict(const GradScalerState& state) {
   if (!options_.enabled) return;
+  // A damaged state would not fail later: an infinite scale makes every
+  // step look overflowed, and every step would be skipped without a word.
+  if (!std::isfinite(state.scale) || state.scale < 0 || !std::isfinite(state.growth_factor) ||
+      state.growth_tracker < 0) {
+    throw InvalidArgument(fmt::format(
+        "GradScaler::load_state_dict: not a state a GradScaler reaches (scale {}, growth_factor "
+        "{}, growth_tracker {}): the source is damaged",
+        state.scale, state.growth_factor, state.growth_tracker));
+  }
   if (!(state.scale > 0)) {
     throw InvalidArgument("GradScaler::load_state_dict: the source state is empty (a disabled "
                           "scaler's, scale 0)");
@@ -270,42 +278,6 @@ void GradScaler::load_state_dict(const GradScalerState& state) {
   } else {
     pending_ = state;
   }
-}
-
-std::string GradScalerState::to_string() const {
-  return fmt::format("scale={:.17g} growth_factor={:.17g} backoff_factor={:.17g} "
-                     "growth_interval={} growth_tracker={}",
-                     scale, growth_factor, backoff_factor, growth_interval, growth_tracker);
-}
-
-GradScalerState GradScalerState::from_string(const std::string& text) {
-  GradScalerState s;
-  std::istringstream in(text);
-  std::string field;
-  int seen = 0;
-  while (in >> field) {
-    const size_t eq = field.find('=');
-    const std::string key = field.substr(0, eq), value = eq == std::string::npos ? "" : field.substr(eq + 1);
-    try {
-      size_t used = 0;
-      if (key == "scale") s.scale = std::stod(value, &used);
-      else if (key == "growth_factor") s.growth_factor = std::stod(value, &used);
-      else if (key == "backoff_factor") s.backoff_factor = std::stod(value, &used);
-      else if (key == "growth_interval") s.growth_interval = std::stoll(value, &used);
-      else if (key == "growth_tracker") s.growth_tracker = std::stoll(value, &used);
-      else used = std::string::npos;
-      if (used != value.size()) throw std::invalid_argument(key);
-    } catch (const std::exception&) {
-      throw InvalidArgument(fmt::format("GradScalerState::from_string: '{}' is not a GradScaler "
-                                        "state (at '{}')", text, field));
-    }
-    ++seen;
-  }
-  if (seen != 5) {
-    throw InvalidArgument(fmt::format(
-        "GradScalerState::from_string: '{}' is not a GradScaler state (5 fields expected)", text));
-  }
-  return s;
 }
 
 }  // namespace ddp

@@ -254,7 +254,9 @@ TEST_F(DdpTrain, ADirectoryHoldingARunIsRefusedResumedOnlyAsItselfOrReplaced) {
 }
 
 // A checkpoint whose metadata ddp-train did not write: --resume fails
-// naming the file, the key and the value (not std::stoll's "stoll").
+// naming the file, the key and the value (not std::stoll's "stoll", nor
+// nlohmann's type_error for a run record of another shape), and a
+// GradScaler state no scaler reaches is refused, not trained with.
 TEST_F(DdpTrain, ResumeFromBadMetadataNamesTheKeyAndTheFile) {
   ProcessResult first = train(dir_ + "/bad", {"--no-plot", "--epochs", "1", "--max-steps", "2"});
   ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
@@ -269,6 +271,31 @@ TEST_F(DdpTrain, ResumeFromBadMetadataNamesTheKeyAndTheFile) {
   EXPECT_NE(all.find(std::filesystem::path(path).filename().string() + "': metadata"),
             std::string::npos)
       << all;
+
+  const Checkpoint good = load_checkpoint(path);
+  auto resume_with = [&](const std::string& key, const std::string& value) {
+    Checkpoint bad = good;
+    bad.metadata[key] = value;
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << detail::serialize_checkpoint(bad);
+    ProcessResult r = train(dir_ + "/bad", {"--no-plot", "--epochs", "1", "--resume"});
+    EXPECT_NE(r.exit_code, 0) << key << "=" << value;
+    return r.out + r.err;
+  };
+  nlohmann::json record = nlohmann::json::parse(good.metadata.at("config"));
+  record["world_size"] = "two";
+  for (const std::string& config : {std::string("[1, 2]"), record.dump()}) {
+    const std::string said = resume_with("config", config);
+    EXPECT_NE(said.find("metadata 'config' is not the run record ddp-train writes"),
+              std::string::npos)
+        << said;
+    EXPECT_EQ(said.find("json.exception"), std::string::npos) << said;
+  }
+  const std::string twice = resume_with(
+      "grad_scaler", "scale=1 scale=1 scale=1 scale=1 scale=1");
+  EXPECT_NE(twice.find("metadata 'grad_scaler': GradScalerState::from_string: 'scale=1 scale=1 "
+                       "scale=1 scale=1 scale=1' is not a GradScaler state ('scale' twice)"),
+            std::string::npos)
+      << twice;
 }
 
 // --amp fp16: autocast and a GradScaler whose state the checkpoints keep, so

@@ -121,22 +121,11 @@ std::string config_record(const TrainConfig& c, int world_size) {
   return j.dump();
 }
 
-std::string check_resume(const Checkpoint& ckpt, const TrainConfig& c, int world_size) {
-  auto it = ckpt.metadata.find("config");
-  if (it == ckpt.metadata.end()) {
-    return fmt::format("ddp-train: --resume: {} records no configuration (an older ddp-train "
-                       "wrote it): the flags are not checked against its run",
-                       ckpt.path);
-  }
-  json was;
-  try {
-    was = json::parse(it->second);
-  } catch (const std::exception&) {
-    throw InvalidArgument(fmt::format("checkpoint '{}': metadata 'config' is not JSON; was it "
-                                      "written by ddp-train? Resume from another checkpoint or "
-                                      "start without --resume",
-                                      ckpt.path));
-  }
+namespace {
+
+// check_resume's comparison of a parsed record `was` with the flags.
+std::string compare_with_run(const Checkpoint& ckpt, json was, const TrainConfig& c,
+                             int world_size) {
   const json now = json::parse(config_record(c, world_size));
   // Keys an older ddp-train did not record: its runs had these values (not
   // today's defaults), so a resume of such a run must not change them.
@@ -178,6 +167,37 @@ std::string check_resume(const Checkpoint& ckpt, const TrainConfig& c, int world
       world_size, old_world, c.batch_size * world_size, c.batch_size * old_world,
       c.scale_lr ? ", and --scale-lr scales the learning rate by the new world size" : "");
 }
+
+}  // namespace
+
+std::string check_resume(const Checkpoint& ckpt, const TrainConfig& c, int world_size) {
+  auto it = ckpt.metadata.find("config");
+  if (it == ckpt.metadata.end()) {
+    return fmt::format("ddp-train: --resume: {} records no configuration (an older ddp-train "
+                       "wrote it): the flags are not checked against its run",
+                       ckpt.path);
+  }
+  json was;
+  try {
+    was = json::parse(it->second);
+  } catch (const std::exception&) {
+    was = nullptr;
+  }
+  // A damaged record (JSON of another shape, a value of another type) is
+  // named as such, not as nlohmann's type_error.
+  const std::string damaged = fmt::format(
+      "checkpoint '{}': metadata 'config' is not the run record ddp-train writes (a JSON "
+      "object of its flags); was it written by ddp-train? Resume from another checkpoint or "
+      "start without --resume",
+      ckpt.path);
+  if (!was.is_object()) throw InvalidArgument(damaged);
+  try {
+    return compare_with_run(ckpt, std::move(was), c, world_size);
+  } catch (const json::exception&) {
+    throw InvalidArgument(damaged);
+  }
+}
+
 
 int cut_metrics(const std::string& jsonl, int64_t step, int64_t epochs_done) {
   std::ifstream in(jsonl);

@@ -180,7 +180,12 @@ void maybe_resume(Run& r) {
   if (!note.empty()) print0(note);
   restore_checkpoint(*ckpt, *r.net, r.optimizer.get());
   if (auto it = ckpt->metadata.find("grad_scaler"); it != ckpt->metadata.end()) {
-    r.scaler.load_state_dict(GradScalerState::from_string(it->second));
+    try {
+      r.scaler.load_state_dict(GradScalerState::from_string(it->second));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("checkpoint '{}': metadata 'grad_scaler': {}", ckpt->path,
+                                        e.what()));
+    }
   }
   if (r.rank == 0) {
     if (const int dropped = cut_metrics(jsonl, ckpt->step, ckpt->epoch)) {
