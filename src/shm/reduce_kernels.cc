@@ -50,14 +50,23 @@ __attribute__((always_inline)) inline void reduce_all(void* dst, const void* con
   }
 }
 
-// The float sum, the hot path of gradient averaging, with one clone per
-// instruction set.
-__attribute__((target_clones("avx512f", "avx2", "default")))
+// One clone per instruction set, chosen when libddp is loaded (an IFUNC).
+// Not under ThreadSanitizer: GCC instruments the resolver it generates, and
+// the loader runs resolvers before TSan is set up, so every test binary
+// crashed while libddp was being relocated.
+#if defined(__SANITIZE_THREAD__)
+#define DDP_PER_ISA_CLONES
+#else
+#define DDP_PER_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+
+// The float sum, the hot path of gradient averaging.
+DDP_PER_ISA_CLONES
 void sum_float32(void* dst, const void* const* srcs, int n, size_t count) {
   reduce_all<float, float, SumOp<float>>(dst, srcs, n, count);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+DDP_PER_ISA_CLONES
 void sum_float64(void* dst, const void* const* srcs, int n, size_t count) {
   reduce_all<double, double, SumOp<double>>(dst, srcs, n, count);
 }
