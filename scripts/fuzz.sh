@@ -2,7 +2,8 @@
 # Builds the libFuzzer targets (fuzz/) with Debian's clang and runs them one
 # after the other, each for a fixed time, with ASan+UBSan.
 #
-#   bash scripts/fuzz.sh                    # idx, checkpoint, torch_load, flight_trace: 600 s each
+#   bash scripts/fuzz.sh                    # idx, checkpoint, torch_load, flight_trace,
+#                                           # grad_scaler_state: 600 s each
 #   bash scripts/fuzz.sh --time 60 idx      # one target, one minute
 #   bash scripts/fuzz.sh --seeds            # rewrite fuzz/corpus/* and stop
 #   bash scripts/fuzz.sh --coverage         # line coverage of the parsers
@@ -33,11 +34,11 @@ while (($#)); do
     --timeout) timeout=$2; shift 2 ;;
     --seeds) seeds_only=1; shift ;;
     --coverage) coverage=1; shift ;;
-    idx | checkpoint | torch_load | flight_trace) targets+=("$1"); shift ;;
-    *) echo "fuzz.sh: unknown argument '$1' (expected --time S, --timeout S, --seeds, idx, checkpoint, torch_load, flight_trace)" >&2; exit 2 ;;
+    idx | checkpoint | torch_load | flight_trace | grad_scaler_state) targets+=("$1"); shift ;;
+    *) echo "fuzz.sh: unknown argument '$1' (expected --time S, --timeout S, --seeds, idx, checkpoint, torch_load, flight_trace, grad_scaler_state)" >&2; exit 2 ;;
   esac
 done
-((${#targets[@]})) || targets=(idx checkpoint torch_load flight_trace)
+((${#targets[@]})) || targets=(idx checkpoint torch_load flight_trace grad_scaler_state)
 build=${DDP_FUZZ_BUILD_DIR:-build-fuzz}
 out=${DDP_FUZZ_OUT:-out/fuzz}
 
@@ -62,7 +63,7 @@ if [[ ! -f $build/build.ninja ]]; then
     -DDDP_BUILD_TESTS=OFF -DDDP_BUILD_TOOLS=OFF -DDDP_BUILD_BENCH=OFF
 fi
 cmake --build "$build" -j "${DDP_JOBS:-2}" --target idx_fuzzer checkpoint_fuzzer torch_load_fuzzer \
-  flight_trace_fuzzer fuzz_seeds
+  flight_trace_fuzzer grad_scaler_state_fuzzer fuzz_seeds
 
 if ((seeds_only)); then
   rm -f fuzz/corpus/idx/* fuzz/corpus/checkpoint/* fuzz/corpus/flight_trace/*
@@ -82,13 +83,14 @@ if ((coverage)); then
       -DCMAKE_CXX_FLAGS="-fprofile-instr-generate -fcoverage-mapping"
   fi
   cmake --build "$cov" -j "${DDP_JOBS:-2}" --target idx_fuzzer checkpoint_fuzzer torch_load_fuzzer \
-    flight_trace_fuzzer
+    flight_trace_fuzzer grad_scaler_state_fuzzer
   for t in "${targets[@]}"; do
     case $t in
       idx) sources=(src/datasets/idx.cc src/datasets/byte_reader.cc) ;;
       checkpoint) sources=(src/checkpoint/checkpoint_format.cc) ;;
       torch_load) sources=(src/checkpoint/torch_load.cc src/checkpoint/unpickler.cc) ;;
       flight_trace) sources=(src/flight/flight_trace.cc src/flight/flight_verdict.cc) ;;
+      grad_scaler_state) sources=(src/amp/grad_scaler_state.cc) ;;
     esac
     mkdir -p "$out/$t/corpus"
     LLVM_PROFILE_FILE="$out/$t/coverage.profraw" "$cov/fuzz/${t}_fuzzer" -runs=0 \
