@@ -144,6 +144,9 @@ phase build "${DDP_GPU_CHECK_BUILD_LIMIT:-270}" "$RESULTS/build.log" \
   cmake --build "$BUILD" -j "$(nproc)" --target gpu_test ddprun ddp-bench allreduce-bench \
     -- "${keep_going[@]}" \
   || { grep -E -A3 "error|FAILED" "$RESULTS/build.log" | head -80; say "stopped: build failed"; exit 1; }
+# Which CUDA libraries the tests load, and from where (the toolkit's or the
+# wheel's): in the tarball, for reading a crash.
+ldd "$BUILD/tests/gpu_test" >"$RESULTS/ldd.txt" 2>&1
 if [ "${DDP_GPU_CHECK_BUILD_ONLY:-0}" = 1 ]; then
   say "built in $((SECONDS - T0)) s; DDP_GPU_CHECK_BUILD_ONLY=1: no tests, no benchmark"
   exit 0
