@@ -18,11 +18,13 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "ddp/autocast.h"
 #include "ddp/collectives.h"
 #include "ddp/comm_hooks.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/powersgd.h"
 #include "ddp/error.h"
+#include "ddp/grad_scaler.h"
 #include "ddp/process_group.h"
 #include "ddp/zero_redundancy_optimizer.h"
 #include "model.h"  // tools/ddp-train: FashionCnn
@@ -144,14 +146,21 @@ template <typename Net>
 LoopResult train_loop(Net& net, torch::optim::Optimizer& opt, const Batches& batches,
                       const RunConfig& c, bool distributed) {
   at::Tensor loss;
+  const c10::Device device = bench_device(c);
+  const bool autocast = c.amp != "none";
+  const at::ScalarType amp_dtype = c.amp == "fp16" ? at::kHalf : at::kBFloat16;
+  ddp::GradScaler scaler(ddp::GradScalerOptions{.enabled = c.amp == "fp16"});
   auto step = [&](int i) {
     const auto& b = batches[static_cast<size_t>(i) % batches.size()];
     opt.zero_grad();
-    loss = at::cross_entropy_loss(net(b.first), b.second);
-    loss.backward();
-    opt.step();
+    {
+      ddp::AutocastGuard amp(device.type(), amp_dtype, autocast);
+      loss = at::cross_entropy_loss(net(b.first), b.second);
+    }
+    scaler.scale(loss).backward();  // a pass-through unless fp16
+    scaler.step(opt);
+    scaler.update();
   };
-  const c10::Device device = bench_device(c);
   for (int i = 0; i < c.warmup; ++i) step(i);
   sync_device(device);
   if (distributed) barrier();

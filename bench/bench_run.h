@@ -54,6 +54,10 @@ struct RunConfig {
   bool static_graph = false;
   bool broadcast_buffers = true;
   int gloo_threads = 2;
+  // Mixed precision of the train loop: none, bf16 (forward and loss under
+  // ddp::AutocastGuard), or fp16 (the same, with a ddp::GradScaler), as
+  // bench/python_ddp.py --amp does with torch.autocast and GradScaler.
+  std::string amp = "none";
 };
 
 // Runs the benchmark. Initialises the default process group from the

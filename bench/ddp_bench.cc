@@ -53,6 +53,9 @@ void add_flags(CLI::App& app, ddp::bench::RunConfig& c) {
   app.add_option("--broadcast-buffers", c.broadcast_buffers, "DDP broadcast_buffers (0/1)")
       ->capture_default_str();
   app.add_option("--gloo-threads", c.gloo_threads, "Gloo worker threads")->capture_default_str();
+  app.add_option("--amp", c.amp, "Mixed precision: none, bf16 (autocast) or fp16 (autocast + GradScaler)")
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}))
+      ->capture_default_str();
   app.add_option("--device", c.device, "cpu, or cuda (cuda:LOCAL_RANK)")->capture_default_str();
   app.add_option("--backend", c.backend, "gloo or nccl")->capture_default_str();
 }

@@ -183,14 +183,24 @@ def process_cpu_s():
 def train_loop(net, opt, batches, a, distributed):
     loss = None
     device = device_of(a)
+    # --amp: as ddp-bench's (bench_run.cc): autocast around forward and loss,
+    # and a GradScaler for fp16 (a pass-through otherwise).
+    amp_dtype = torch.float16 if a.amp == "fp16" else torch.bfloat16
+    scaler = torch.amp.GradScaler(device.type) if a.amp == "fp16" else None
 
     def step(i):
         nonlocal loss
         x, y = batches[i % len(batches)]
         opt.zero_grad()
-        loss = F.cross_entropy(net(x), y)
-        loss.backward()
-        opt.step()
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=a.amp != "none"):
+            loss = F.cross_entropy(net(x), y)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
 
     for i in range(a.warmup):
         step(i)
@@ -311,6 +321,7 @@ def parse_args(argv):
     p.add_argument("--bytes", type=int, default=4 << 20)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"])
     p.add_argument("--out-json", default="")
     return p.parse_args(argv)
 
