@@ -12,6 +12,7 @@
 #include "ddp/collectives.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/join.h"
+#include "mixed_precision_params.h"
 #include "model_sync.h"
 #include "reducer/reducer.h"
 
@@ -56,6 +57,9 @@ class DdpCore {
   bool buffers_due() const;
   void sync_buffers(bool candidate);
   void check_options() const;
+  // DDP's mixed precision at construction: buffers cast, the parameter
+  // swap and the reducer's bucket dtype (Note [Mixed-precision parameters]).
+  void setup_mixed_precision(ReducerOptions& reducer_options);
   void check_group_device() const;
   void check_no_sparse_gradients() const;
   void check_model_unchanged() const;
@@ -81,6 +85,9 @@ class DdpCore {
   std::vector<at::Tensor> buffers_;
   std::vector<at::Tensor> state_tensors_;  // all parameters, then buffers
   std::shared_ptr<Reducer> reducer_;
+  // With MixedPrecision::param_dtype; shared with the reducer's
+  // on_backward_end, which may outlive this core by a queued callback.
+  std::shared_ptr<MixedPrecisionParams> low_params_;
   // PyTorch syncs buffers before a forward only if the previous forward
   // synchronised gradients (require_forward_param_sync); we follow it.
   bool require_forward_param_sync_ = true;

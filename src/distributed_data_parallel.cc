@@ -60,8 +60,18 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module,
   ro.timeout = options_.timeout;
   ro.reduce_alone = read_ddp_env().reduce_alone;
   ro.debug = group_->impl().debug;
-  reducer_ = Reducer::create(std::move(names), std::move(params), group_,
-                             make_fused_all_reduce({group_, options_.timeout}), ro);
+  setup_mixed_precision(ro);
+  // The fused all_reduce counts the ranks that used each parameter in the
+  // bucket's dtype: beyond the world sizes whose counts are exact there
+  // (2^8 in bfloat16, 2^11 in float16), the flags travel apart in float32.
+  const c10::ScalarType bucket = ro.bucket_dtype.value_or(at::kFloat);
+  const bool counts_exact = (bucket != at::kBFloat16 || group_->size() <= 256) &&
+                            (bucket != at::kHalf || group_->size() <= 2048);
+  std::unique_ptr<BucketComm> comm =
+      counts_exact ? make_fused_all_reduce({group_, options_.timeout})
+                   : make_hook_comm({group_, options_.timeout}, allreduce_hook,
+                                    "built-in all_reduce (used flags apart, in float32)");
+  reducer_ = Reducer::create(std::move(names), std::move(params), group_, std::move(comm), ro);
 }
 
 void DdpCore::check_options() const {
@@ -71,6 +81,7 @@ void DdpCore::check_options() const {
         "first_bucket_cap_mb ({}) must be > 0",
         options_.bucket_cap_mb, options_.first_bucket_cap_mb));
   }
+  check_mixed_precision(options_);
   if (options_.device_ids.size() > 1) {
     throw InvalidArgument(fmt::format(
         "DistributedDataParallelOptions::device_ids has {} devices; a module "
@@ -78,6 +89,23 @@ void DdpCore::check_options() const {
         "{{cuda:local_rank}}",
         options_.device_ids.size()));
   }
+}
+
+// After the initial broadcast, as PyTorch (which casts in _ddp_init_helper).
+void DdpCore::setup_mixed_precision(ReducerOptions& ro) {
+  if (!options_.mixed_precision) return;
+  const MixedPrecision& mp = *options_.mixed_precision;
+  if (mp.buffer_dtype) {
+    at::NoGradGuard no_grad;
+    for (at::Tensor& b : buffers_) {
+      if (b.is_floating_point()) b.set_data(b.to(*mp.buffer_dtype));
+    }
+  }
+  ro.bucket_dtype = mp.reduce_dtype ? mp.reduce_dtype : mp.param_dtype;
+  if (!mp.param_dtype) return;
+  low_params_ = std::make_shared<MixedPrecisionParams>(
+      unique_parameters(*module_, /*recurse=*/true), *mp.param_dtype);
+  ro.on_backward_end = [low = low_params_] { low->restore(); };
 }
 
 // NCCL reduces CUDA tensors on the group's device; a CPU module's buckets
@@ -95,6 +123,12 @@ void DdpCore::check_group_device() const {
 
 at::Tensor DdpCore::input_to_device(const at::Tensor& input, size_t index) const {
   if (!input.defined()) return input;
+  const auto& mp = options_.mixed_precision;
+  if (mp && mp->param_dtype && input.is_floating_point() &&
+      input.scalar_type() != *mp->param_dtype) {
+    // After the device check or move (PyTorch's _cast_forward_inputs).
+    return input_to_device(input.to(*mp->param_dtype), index);
+  }
   if (!options_.device_ids.empty()) {
     const c10::Device target = options_.device_ids[0];
     return input.device() == target ? input : input.to(target);
@@ -227,6 +261,7 @@ void DdpCore::collect(std::vector<NamedTensor>& all, std::vector<std::string>& n
 void DdpCore::pre_forward() {
   forward_start_ = Clock::now();
   check_model_unchanged();
+  if (low_params_ && low_params_->cast()) reducer_->refresh_hooks();
   if (syncing_now()) {
     if (join_) {
       // Note [Join protocol]: the first collective of every synchronised
@@ -266,8 +301,13 @@ void DdpCore::post_forward(const std::vector<at::Tensor>& outputs, bool known) {
     reducer_->prepare_for_backward(outputs, known);
   } else {
     require_forward_param_sync_ = false;
-    // Without grad mode the forward builds no graph: no backward can follow.
-    if (at::GradMode::is_enabled()) reducer_->forward_without_sync();
+    // Without grad mode the forward builds no graph: no backward can follow
+    // (and no backward will swap the full-precision parameters back).
+    if (at::GradMode::is_enabled()) {
+      reducer_->forward_without_sync();
+    } else if (low_params_) {
+      low_params_->restore();
+    }
   }
   ++forwards_;
   forward_s_ += std::chrono::duration<double>(Clock::now() - forward_start_).count();

@@ -44,6 +44,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -62,6 +63,51 @@
 #include "ddp/process_group.h"
 
 namespace ddp {
+
+// DDP's native mixed precision (PyTorch 2.x's
+// torch.nn.parallel.distributed._MixedPrecision): forward and backward run
+// on low-precision copies of the parameters, the optimizer steps the
+// full-precision ones. Each dtype unset means "as the parameter/buffer is";
+// only floating-point tensors are cast. Per synchronised iteration:
+//   - forward: every floating-point parameter (frozen ones too) is cast to
+//     param_dtype and swapped in (Python's param.data = low-precision
+//     copy), a defined .grad() is cast to param_dtype as well, and
+//     floating-point tensor arguments of forward are cast to param_dtype
+//     (after device_ids moves them). Outputs come in param_dtype.
+//   - backward: gradients are computed and accumulated in param_dtype,
+//     copied into buckets of reduce_dtype (default: param_dtype, else the
+//     parameters' dtype), summed across ranks and divided by the world size
+//     in reduce_dtype, and written into .grad() in the parameters' own dtype
+//     after the full-precision parameters are swapped back, at the end of
+//     backward(): the optimizer sees float32 parameters and gradients.
+//   - buffers (BatchNorm statistics) are cast to buffer_dtype once, at
+//     construction, after the initial broadcast, and stay so (as in
+//     PyTorch; they are saved so in checkpoints).
+// Between a forward and the end of its backward the parameters hold their
+// param_dtype values: step the optimizer, save or evaluate after backward().
+// A forward without grad mode (evaluation under NoGradGuard) swaps the
+// full-precision parameters back before it returns; a no_sync micro-step's
+// backward does at its end.
+// Where ddp differs from PyTorch 2.13 (whose version is experimental):
+//   - it runs on CPU (PyTorch's needs device events: on CPU it raises
+//     "cpu backend doesn't support events");
+//   - integer buffers (num_batches_tracked) keep their dtype (PyTorch casts
+//     every buffer to buffer_dtype, despite its documentation);
+//   - gradients are divided before the sum, in reduce_dtype, as ddp's
+//     all_reduce always does (PyTorch: after): the same numbers whenever the
+//     world size is a power of two (division by 2^k is exact);
+//   - a comm hook may be registered on top (PyTorch refuses): it gets the
+//     buckets in reduce_dtype, undivided, as any comm hook;
+//   - gradient_as_bucket_view with a reduce or param dtype other than the
+//     parameters' is refused (a float32 .grad() cannot view a bfloat16
+//     bucket).
+// With GradScaler: param_dtype float16 needs it (as autocast's float16
+// does); bfloat16 does not.
+struct MixedPrecision {
+  std::optional<c10::ScalarType> param_dtype;
+  std::optional<c10::ScalarType> reduce_dtype;
+  std::optional<c10::ScalarType> buffer_dtype;
+};
 
 struct DistributedDataParallelOptions {
   // The group whose ranks hold the replicas; null: default_group().
@@ -110,6 +156,10 @@ struct DistributedDataParallelOptions {
   std::vector<c10::Device> device_ids;
   // Bound on every collective the wrapper issues; unset: the group's.
   std::optional<std::chrono::milliseconds> timeout;
+  // DDP's mixed precision (see MixedPrecision); unset: everything in the
+  // parameters' own dtype. A dtype that is not floating point throws
+  // InvalidArgument naming the field.
+  std::optional<MixedPrecision> mixed_precision;
 };
 
 // Runtime statistics, like PyTorch's DDP logging data. Times in seconds,
@@ -196,6 +246,7 @@ void pre_forward(DdpCore& core);
 // module's device: moved there when device_ids names it (PyTorch's DDP moves
 // inputs to device_ids[0]); without device_ids, a floating-point tensor on
 // another device is InvalidArgument naming the argument and both devices.
+// With MixedPrecision::param_dtype, a floating-point one is cast to it.
 at::Tensor input_to_device(const DdpCore& core, const at::Tensor& input, size_t index);
 // outputs_known: false when the output type's tensors could not be listed.
 void post_forward(DdpCore& core, const std::vector<at::Tensor>& outputs,

@@ -130,10 +130,24 @@ void Reducer::queue_finalize() {
   });
 }
 
+void Reducer::queue_local_end() {
+  if (!options_.on_backward_end || local_end_queued_) return;
+  local_end_queued_ = true;
+  std::weak_ptr<Reducer> self = weak_from_this();
+  torch::autograd::Engine::get_default_engine().queue_callback([self] {
+    auto r = self.lock();
+    if (!r) return;
+    std::lock_guard<std::mutex> lock(r->mu_);
+    r->local_end_queued_ = false;
+    r->options_.on_backward_end();
+  });
+}
+
 void Reducer::unexpected_gradient(size_t index) {
   const std::string& name = params_[index].name;
   if (mode_ == Mode::kLocal) {  // a no_sync micro-step: accumulate only
     used_since_sync_[index] = 1;
+    queue_local_end();
     if (sync_requested_ && options_.debug) {
       throw InvalidArgument(fmt::format(
           "DistributedDataParallel (debug mode): parameter '{}' got a gradient "
@@ -258,9 +272,14 @@ void Reducer::mark_ready(size_t index, bool produced) {
         view.copy_(grad);
         p.tensor.mutable_grad() = view;
       }
-    } else if (comm_->prescaled()) {
+    } else if (comm_->prescaled() && grad.scalar_type() == view.scalar_type()) {
       // One pass: copy and pre-scale (PyTorch's mul_out with 1/world_size).
       at::mul_out(view, grad, b.scale);
+    } else if (comm_->prescaled()) {
+      // Mixed precision: cast into the bucket, then scale in its dtype
+      // (mul_out would compute in the gradient's).
+      view.copy_(grad);
+      view.mul_(b.scale);
     } else {
       view.copy_(grad);  // a comm hook divides (as in PyTorch)
     }
@@ -344,6 +363,8 @@ void Reducer::finalize_backward() {
   }
   if (learning) learn_static_graph();
   launch_ready_buckets();
+  // Every gradient is in its bucket: the parameters may change dtype now.
+  if (options_.on_backward_end) options_.on_backward_end();
   std::vector<float> counts(params_.size(), 0.0f);
   try {
     wait_and_write_back(counts);
@@ -390,8 +411,8 @@ void Reducer::wait_and_write_back(std::vector<float>& counts, bool shadow) {
         grad = b.views[s];
       } else if (grad.defined()) {
         grad.copy_(b.views[s]);
-      } else {
-        grad = b.views[s].clone();
+      } else {  // in the parameter's dtype, also from a mixed-precision bucket
+        grad = b.views[s].to(p.tensor.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
       }
     }
   }

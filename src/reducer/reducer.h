@@ -96,6 +96,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -121,6 +122,15 @@ struct ReducerOptions {
   bool debug = false;
   // Bounds the rebuild's broadcast; default: the group's timeout.
   std::optional<std::chrono::milliseconds> timeout;
+  // DDP's mixed precision (reduce_dtype): the buckets' dtype, when not the
+  // parameters'. Gradients are cast into them and back into .grad().
+  std::optional<c10::ScalarType> bucket_dtype;
+  // Called once at the end of every backward that reaches the reducer's
+  // hooks (synchronised: after the last gradient is in its bucket, before
+  // .grad() is written; no_sync: when the autograd engine finishes), on the
+  // thread finishing the backward, under the reducer's lock: it must not
+  // call into the reducer. Mixed precision swaps the parameters back here.
+  std::function<void()> on_backward_end;
 };
 
 class Reducer : public std::enable_shared_from_this<Reducer> {
@@ -139,6 +149,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
+  // After the parameters' gradient accumulators changed (a dtype swap,
+  // Note [Mixed-precision parameters]): attaches the hooks to the current
+  // ones. Hooks on the old ones stay, so a graph still holding one reports
+  // as before.
+  void refresh_hooks();
   // At a synchronised forward: rebuilds the buckets once, after the first
   // iteration, in the order rank 0's gradients became ready (a broadcast).
   void prepare_for_forward();
@@ -203,7 +218,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
           ProcessGroupPtr group, std::unique_ptr<BucketComm> comm, ReducerOptions options);
+  // Hooks every parameter's current gradient accumulator (skipping those
+  // already hooked). Caller holds mu_ or has not shared the reducer yet.
   void install_hooks();
+  // A no_sync backward: on_backward_end once, when the engine finishes.
+  void queue_local_end();
   void build_buckets(const std::vector<size_t>& order);
   // Before gradients are written into buckets in shared memory again, the
   // peers must be done reading them (BucketComm::fence).
@@ -263,6 +282,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // The last forward with gradients: none yet, synchronised, or no_sync.
   enum class Mode { kNone, kSync, kLocal } mode_ = Mode::kNone;
   bool sync_requested_ = true;  // set_sync_requested()
+  bool local_end_queued_ = false;  // queue_local_end() pending
   std::unique_ptr<Iteration> iter_;
   // Join: ranks producing gradients this iteration and the divisor (the
   // scale in every bucket is 1 / divisor), and the next iteration's.

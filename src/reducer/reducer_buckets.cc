@@ -86,16 +86,23 @@ void Reducer::install_hooks() {
     Param& p = params_[i];
     // The parameter holds its accumulator only weakly; keeping it here keeps
     // our hook alive for the wrapper's lifetime.
-    p.grad_accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
-    if (!p.grad_accumulator) {
+    compat::NodePtr acc = torch::autograd::impl::grad_accumulator(p.tensor);
+    if (!acc) {
       throw InvalidArgument(fmt::format(
           "DistributedDataParallel: parameter '{}' has no gradient "
           "accumulator (is it a non-leaf tensor?)",
           p.name));
     }
+    if (acc == p.grad_accumulator) continue;
+    p.grad_accumulator = std::move(acc);
     p.hook_key = p.grad_accumulator->add_post_hook(
         std::make_unique<ReadyHook>(self, i, &Reducer::autograd_hook));
   }
+}
+
+void Reducer::refresh_hooks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  install_hooks();
 }
 
 Reducer::~Reducer() {
@@ -119,6 +126,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     bucket.params = assignment[b];
     const at::Tensor& first = params_[bucket.params.front()].tensor;
     auto opts = first.options().requires_grad(false);
+    if (options_.bucket_dtype) opts = opts.dtype(*options_.bucket_dtype);
     for (size_t idx : bucket.params) {
       bucket.offsets.push_back(bucket.grad_numel);
       bucket.grad_numel += params_[idx].tensor.numel();
