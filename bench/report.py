@@ -231,7 +231,8 @@ def tables(doc):
 def update_markdown(path, doc, results_path):
     m = doc["machine"]
     head = [BEGIN, "", f"Results `{results_path}` ({doc['started']} – {doc['finished']}).", "",
-            f"- Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}",
+            f"- Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}"
+            + (f"; CPU flags {m['cpu_isa']}" if m.get("cpu_isa") else ""),
             f"- BLAS: {m['blas']} (both sides: the same libtorch build)",
             f"- libtorch {m['libtorch']} (C++); Python torch {m['python_torch']}; {m['compiler']}",
             f"- ddp commit {m['git']}; one thread per rank, Gloo {m['gloo_threads']} threads, "

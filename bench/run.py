@@ -264,6 +264,16 @@ def timed_document(a, argv, launcher, measure, **settings):
             "workloads": [w for w in a.workloads.split(",") if w], "runs": runs}
 
 
+def cpu_isa():
+    wanted = ["avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16"]
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    return " ".join(w for w in wanted if w in flags) or "none of " + " ".join(wanted)
+
+
 def machine_info(a):
     def sh(cmd):
         try:
@@ -275,6 +285,9 @@ def machine_info(a):
     blas = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
     return {
         "cpu": model, "cores": os.cpu_count(), "kernel": platform.release(),
+        # Mixed precision's speed on a CPU depends on these (AVX2 only, or
+        # AVX-512 with bfloat16/float16 instructions and AMX tiles).
+        "cpu_isa": cpu_isa(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         # BLAS_INFO=mkl: the wheel's MKL, linked into libtorch_cpu; generic:
         # Debian's libblas.so.3, whichever the alternatives system selects.
