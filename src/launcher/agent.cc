@@ -27,7 +27,12 @@ void wait_or_interrupt(SignalWatch& signals, int extra_fd, int ms) {
 }  // namespace
 
 Agent::Agent(const LaunchOptions& options, SignalWatch& signals)
-    : o_(options), signals_(signals) {}
+    : o_(options), signals_(signals), node_rank_(options.node_rank) {}
+
+std::string Agent::self() const {
+  return node_rank_ == kNodeRankAtRendezvous ? std::string("this node")
+                                             : fmt::format("node {}", node_rank_);
+}
 
 // Sends hello on a fresh connection; true once node 0 welcomed us.
 bool Agent::introduce() {
@@ -48,11 +53,13 @@ bool Agent::introduce() {
         orders_.push_back(std::move(m));  // came in the same read
         continue;
       }
-      welcomed = welcomed || type == "welcome";
+      if (type == "welcome") {
+        welcomed = true;
+        node_rank_ = m.value("node_rank", node_rank_);
+      }
       if (type == "reject") {
-        throw InvalidArgument(fmt::format("node 0 at {}:{} rejected node {}: {}",
-                                          o_.master_addr, o_.master_port,
-                                          o_.node_rank, m.value("message", "")));
+        throw InvalidArgument(fmt::format("node 0 at {}:{} rejected {}: {}", o_.master_addr,
+                                          o_.master_port, self(), m.value("message", "")));
       }
       if (type == "done") {
         throw Error(fmt::format("node 0 ended the job before it started: {}",
@@ -64,7 +71,7 @@ bool Agent::introduce() {
   return false;
 }
 
-void Agent::join() {
+int Agent::join() {
   const auto deadline = after(o_.join_timeout);
   std::string last_error = "no answer";
   bool told = false;
@@ -73,22 +80,27 @@ void Agent::join() {
     if (fd >= 0) {
       link_.emplace(fd, o_.keep_alive_interval, o_.keep_alive_max_attempt);
       link_->node_rank = 0;
-      if (introduce()) return;
+      if (introduce()) return node_rank_;
       last_error = link_->alive() ? "no welcome from node 0" : link_->why_dead();
       link_.reset();
     }
     if (!told) {
-      launcher_message(fmt::format("node {}: waiting for node 0 at {}:{} ({})", o_.node_rank,
+      launcher_message(fmt::format("{}: waiting for node 0 at {}:{} ({})", self(),
                                    o_.master_addr, o_.master_port, last_error));
       told = true;
     }
     wait_or_interrupt(signals_, -1, 500);
   }
+  const std::string way_out =
+      node_rank_ == kNodeRankAtRendezvous
+          ? "Start ddprun on that host too (the launcher there hosts the c10d rendezvous), "
+            "or pass --rdzv-conf is_host=true on the node that should host it, and check "
+            "--rdzv-endpoint and the network"
+          : "Start ddprun with --node-rank 0 there, and check --master-addr/--master-port "
+            "and the network";
   throw TimeoutError(fmt::format(
-      "node {} could not join node 0 at {}:{} within join_timeout={} s (last "
-      "error: {}). Start ddprun with --node-rank 0 there, and check "
-      "--master-addr/--master-port and the network",
-      o_.node_rank, o_.master_addr, o_.master_port, o_.join_timeout, last_error));
+      "{} could not join node 0 at {}:{} within join_timeout={} s (last error: {}). {}",
+      self(), o_.master_addr, o_.master_port, o_.join_timeout, last_error, way_out));
 }
 
 Order Agent::next_order() {
@@ -149,7 +161,7 @@ std::optional<std::string> Agent::service() {
 void Agent::on_local_failure(const WorkerResult& root) {
   link_->send({{"type", "fail"},
                {"attempt", attempt_},
-               {"report", to_json(make_failure_report(root, o_.node_rank))}});
+               {"report", to_json(make_failure_report(root, node_rank_))}});
 }
 
 void Agent::report_exit(int restart_count, const GroupResult& local) {
@@ -158,7 +170,7 @@ void Agent::report_exit(int restart_count, const GroupResult& local) {
                       {"attempt", restart_count},
                       {"outcome", names[static_cast<int>(local.outcome)]}};
   if (local.root_cause >= 0) {
-    m["report"] = to_json(make_failure_report(local.workers[local.root_cause], o_.node_rank));
+    m["report"] = to_json(make_failure_report(local.workers[local.root_cause], node_rank_));
   }
   link_->send(m);
   stop_reason_.reset();

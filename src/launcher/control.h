@@ -58,10 +58,13 @@ class Coordinator : public GroupController {
   Coordinator(const LaunchOptions& options, SignalWatch& signals);
   ~Coordinator() override;
 
-  // Waits for the other nnodes - 1 launchers. Throws InvalidArgument naming
-  // --master-port if it is taken, TimeoutError naming the missing node
-  // ranks after join_timeout, Interrupted on a stop signal.
-  void join();
+  // Waits for the other nnodes - 1 launchers on `listener` (a socket from
+  // try_listen_on, owned from now on) or, when -1, on a socket of its own.
+  // A node that comes without a node rank (kNodeRankAtRendezvous) gets the
+  // lowest free one, so ranks follow the order of arrival. Throws
+  // InvalidArgument naming --master-port if it is taken, TimeoutError naming
+  // the missing node ranks after join_timeout, Interrupted on a stop signal.
+  void join(int listener = -1);
   // Tells every node to start attempt `restart_count`.
   void start_attempt(int restart_count);
   // After the local group ended: waits for every node's exit report of this
@@ -107,10 +110,12 @@ class Agent : public GroupController {
  public:
   Agent(const LaunchOptions& options, SignalWatch& signals);
 
-  // Connects to node 0 (retrying until join_timeout) and joins. Throws
-  // TimeoutError naming the address after join_timeout, InvalidArgument
-  // when node 0 rejects this node (its message says why), Interrupted.
-  void join();
+  // Connects to node 0 (retrying until join_timeout) and joins; returns
+  // this node's rank (the one node 0 assigned when options.node_rank is
+  // kNodeRankAtRendezvous). Throws TimeoutError naming the address after
+  // join_timeout, InvalidArgument when node 0 rejects this node (its
+  // message says why), Interrupted.
+  int join();
   // Waits for node 0's next order, for as long as node 0 answers
   // heartbeats (kLost once it does not). Throws Interrupted.
   Order next_order();
@@ -124,8 +129,10 @@ class Agent : public GroupController {
 
  private:
   bool introduce();
+  std::string self() const;  // "node 2", or "this node" before assignment
 
   const LaunchOptions& o_;
+  int node_rank_;  // o_.node_rank, or the one node 0 assigned
   SignalWatch& signals_;
   std::optional<NodeLink> link_;
   int attempt_ = -1;

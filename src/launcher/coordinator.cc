@@ -37,8 +37,8 @@ Coordinator::~Coordinator() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
 }
 
-void Coordinator::join() {
-  listen_fd_ = listen_on(o_.master_port);
+void Coordinator::join(int listener) {
+  listen_fd_ = listener >= 0 ? listener : listen_on(o_.master_port);
   launcher_message(fmt::format("node 0: waiting for {} more node(s) on port {}",
                                o_.nnodes - 1, o_.master_port));
   const auto deadline = after(o_.join_timeout);
@@ -98,7 +98,16 @@ bool Coordinator::accept_one(std::vector<NodeLink>& pending) {
 }
 
 void Coordinator::welcome(NodeLink& link, const nlohmann::json& hello) {
-  const int node = hello.value("node_rank", -1);
+  auto taken = [&](int n) {
+    return std::any_of(links_.begin(), links_.end(),
+                       [&](const NodeLink& l) { return l.node_rank == n; });
+  };
+  int node = hello.value("node_rank", kNodeRankAtRendezvous);
+  const bool assigned = node == kNodeRankAtRendezvous;
+  if (assigned) {  // the c10d rendezvous: the lowest free rank
+    node = 1;
+    while (node < o_.nnodes && taken(node)) ++node;
+  }
   std::string problem;
   if (hello.value("nnodes", -1) != o_.nnodes) {
     problem = fmt::format("--nnodes {} differs from node 0's {}", hello.value("nnodes", -1), o_.nnodes);
@@ -106,12 +115,13 @@ void Coordinator::welcome(NodeLink& link, const nlohmann::json& hello) {
     problem = fmt::format("--nproc-per-node {} differs from node 0's {}",
                           hello.value("nproc_per_node", -1), o_.nproc_per_node);
   } else if (hello.value("run_id", "") != o_.run_id) {
-    problem = fmt::format("--run-id '{}' differs from node 0's '{}'",
+    problem = fmt::format("--rdzv-id (--run-id) '{}' differs from node 0's '{}'",
                           hello.value("run_id", ""), o_.run_id);
+  } else if (assigned && node >= o_.nnodes) {
+    problem = fmt::format("all {} nodes of --nnodes {} have joined already", o_.nnodes, o_.nnodes);
   } else if (node < 1 || node >= o_.nnodes) {
     problem = fmt::format("--node-rank {} is not in 1..{}", node, o_.nnodes - 1);
-  } else if (std::any_of(links_.begin(), links_.end(),
-                         [&](const NodeLink& l) { return l.node_rank == node; })) {
+  } else if (taken(node)) {
     problem = fmt::format("--node-rank {} has already joined: give each node its own rank", node);
   }
   if (!problem.empty()) {
@@ -122,8 +132,9 @@ void Coordinator::welcome(NodeLink& link, const nlohmann::json& hello) {
   }
   link.node_rank = node;
   link.host = hello.value("host", "?");
-  link.send({{"type", "welcome"}});
-  launcher_message(fmt::format("node {} ({}) joined", node, link.host));
+  link.send({{"type", "welcome"}, {"node_rank", node}});
+  launcher_message(fmt::format("node {} ({}) joined{}", node, link.host,
+                               assigned ? " (node rank assigned at the rendezvous)" : ""));
   links_.push_back(std::move(link));
 }
 

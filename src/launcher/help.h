@@ -16,7 +16,8 @@ inline constexpr const char* kHelpNnodes =
     "Number of nodes (N, or N:N; elastic ranges are not supported). Default 1";
 inline constexpr const char* kHelpNodeRank =
     "Rank of this node, 0..nnodes-1. Global rank = node_rank * nproc + "
-    "local_rank. Default 0";
+    "local_rank. Default 0; with --rdzv-backend c10d and --nnodes > 1, "
+    "assigned as nodes join (the rendezvous' host is 0)";
 inline constexpr const char* kHelpMasterAddr =
     "Address of node 0, where global rank 0 hosts the store. Default "
     "127.0.0.1";
@@ -57,8 +58,9 @@ inline constexpr const char* kHelpRdzvEndpoint =
     "host:port; sets --master-addr and --master-port";
 inline constexpr const char* kHelpRdzvConf =
     "key=value,... of which ddprun reads join_timeout (s, default 600), "
-    "keep_alive_interval (s, default 5) and keep_alive_max_attempt (default "
-    "3); others are ignored";
+    "keep_alive_interval (s, default 5), keep_alive_max_attempt (default "
+    "3) and is_host (true/false; default: whether the endpoint is an "
+    "address of this machine); others are ignored";
 inline constexpr const char* kHelpNoPython =
     "Accepted for torchrun scripts: ddprun always runs PROGRAM itself";
 inline constexpr const char* kHelpModule =

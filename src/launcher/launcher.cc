@@ -120,10 +120,10 @@ int single_node(const Job& job) {
   }
 }
 
-int coordinate(const Job& job) {
+int coordinate(const Job& job, int listener) {
   const LaunchOptions& o = job.o;
   Coordinator c(o, job.signals);
-  c.join();
+  c.join(listener);
   for (int k = 0;; ++k) {
     GroupResult g;
     try {
@@ -152,10 +152,8 @@ int coordinate(const Job& job) {
   }
 }
 
-int follow(const Job& job) {
+int follow(const Job& job, Agent& agent) {
   const LaunchOptions& o = job.o;
-  Agent agent(o, job.signals);
-  agent.join();
   while (true) {
     Order order = agent.next_order();
     if (order.kind == Order::kLost) {
@@ -189,9 +187,22 @@ int follow(const Job& job) {
   }
 }
 
+// The c10d rendezvous without --node-rank (torchrun's is_host): a node whose
+// address the endpoint names hosts it if it can bind the port first; the
+// others (and a second launcher on that host) join it. Returns the
+// listening socket of the host, -1 for the others.
+int claim_rendezvous(LaunchOptions& o) {
+  if (o.node_rank != kNodeRankAtRendezvous) return -1;
+  if (!o.rdzv_is_host.value_or(is_local_host(o.master_addr))) return -1;
+  const int fd = try_listen_on(o.master_port);
+  if (fd >= 0) o.node_rank = 0;
+  return fd;
+}
+
 }  // namespace
 
-int run_launcher(const LaunchOptions& o) {
+int run_launcher(const LaunchOptions& given) {
+  LaunchOptions o = given;  // the node rank may come from the rendezvous
   try {
     // Helpers that leave their worker's process group are handed to us when
     // their parent dies, so that nothing outlives the job (group_support.h).
@@ -208,7 +219,11 @@ int run_launcher(const LaunchOptions& o) {
     RunDir dir(o);
     Job job{o, program, dir, signals};
     if (o.nnodes == 1) return single_node(job);
-    return o.node_rank == 0 ? coordinate(job) : follow(job);
+    const int listener = claim_rendezvous(o);
+    if (o.node_rank == 0) return coordinate(job, listener);
+    Agent agent(o, signals);
+    o.node_rank = agent.join();  // job and agent see it: they refer to o
+    return follow(job, agent);
   } catch (const Interrupted& i) {
     return exit_code_for(i.signal);
   } catch (const std::exception& e) {

@@ -114,6 +114,39 @@ int listen_on(int port) {
   return fd;
 }
 
+int try_listen_on(int port) {
+  int fd = bind_any(port);
+  if (fd < 0) {
+    if (errno == EADDRINUSE) return -1;
+    throw port_taken(port, std::strerror(errno));
+  }
+  if (listen(fd, 128) != 0) {
+    int e = errno;
+    close(fd);
+    if (e == EADDRINUSE) return -1;
+    throw port_taken(port, std::strerror(e));
+  }
+  return fd;
+}
+
+bool is_local_host(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), "0", &hints, &res) != 0) return false;
+  bool local = false;
+  for (addrinfo* ai = res; ai && !local; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    // Only an address of this machine can be bound (EADDRNOTAVAIL else).
+    local = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return local;
+}
+
 int connect_to(const std::string& host, int port, int timeout_ms,
                std::string& error) {
   addrinfo hints{};

@@ -31,6 +31,15 @@ int pick_free_port();
 // the port when it is taken.
 int listen_on(int port);
 
+// Like listen_on, but -1 when another socket listens on `port` (the c10d
+// rendezvous: another launcher on this host hosts it). Other failures throw.
+int try_listen_on(int port);
+
+// Whether `host` (a name or an address) is one of this machine's addresses,
+// loopback included: one of its resolved addresses can be bound. torchrun's
+// c10d rendezvous hosts the store on such a node (its is_host test).
+bool is_local_host(const std::string& host);
+
 // Connects to host:port within timeout_ms. Returns a connected non-blocking
 // close-on-exec socket with TCP_NODELAY, or -1 with `error` set to the
 // reason (refused, unreachable, timed out, unknown host).

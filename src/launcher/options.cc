@@ -25,6 +25,7 @@ struct RawFlags {
   std::optional<double> shutdown_timeout;
   std::string filter, rdzv_backend = "static", rdzv_endpoint, rdzv_conf;
   std::string start_method = "spawn";
+  std::optional<int> node_rank;  // unset: 0, or assigned by the c10d rendezvous
   bool module = false, run_path = false, no_python = false, use_env = false;
 };
 
@@ -62,7 +63,7 @@ void add_flags(CLI::App& app, LaunchOptions& o, RawFlags& r) {
   auto env = [](CLI::Option* opt, const char* name) { opt->envname(name); };
   env(app.add_option("--nproc-per-node", r.nproc, kHelpNproc), "PET_NPROC_PER_NODE");
   env(app.add_option("--nnodes", r.nnodes, kHelpNnodes), "PET_NNODES");
-  env(app.add_option("--node-rank", o.node_rank, kHelpNodeRank), "PET_NODE_RANK");
+  env(app.add_option("--node-rank", r.node_rank, kHelpNodeRank), "PET_NODE_RANK");
   env(app.add_option("--master-addr", o.master_addr, kHelpMasterAddr), "PET_MASTER_ADDR");
   env(app.add_option("--master-port", o.master_port, kHelpMasterPort), "PET_MASTER_PORT");
   env(app.add_flag("--standalone", o.standalone, kHelpStandalone), "PET_STANDALONE");
@@ -138,11 +139,27 @@ std::pair<std::string, int> parse_endpoint(const std::string& text) {
   return {host, static_cast<int>(*port)};
 }
 
+// torchrun reads is_host as a boolean (true/false, 1/0, yes/no).
+bool parse_is_host(const std::string& conf, const std::string& value) {
+  for (const char* yes : {"true", "1", "yes", "True", "TRUE"}) {
+    if (value == yes) return true;
+  }
+  for (const char* no : {"false", "0", "no", "False", "FALSE"}) {
+    if (value == no) return false;
+  }
+  throw InvalidArgument(fmt::format(
+      "--rdzv-conf '{}': is_host needs true or false, not '{}'", conf, value));
+}
+
 void apply_rdzv_conf(const std::string& text, LaunchOptions& o) {
   if (text.empty()) return;
   for (const std::string& item : split(text, ',')) {
     auto eq = item.find('=');
     std::string key = item.substr(0, eq);
+    if (key == "is_host") {
+      o.rdzv_is_host = parse_is_host(text, eq == std::string::npos ? "" : item.substr(eq + 1));
+      continue;
+    }
     auto value = parse_double(eq == std::string::npos ? "" : item.substr(eq + 1));
     bool known = key == "join_timeout" || key == "keep_alive_interval" ||
                  key == "keep_alive_max_attempt";
@@ -154,6 +171,15 @@ void apply_rdzv_conf(const std::string& text, LaunchOptions& o) {
     if (key == "join_timeout") o.join_timeout = *value;
     if (key == "keep_alive_interval") o.keep_alive_interval = *value;
     if (key == "keep_alive_max_attempt") o.keep_alive_max_attempt = static_cast<int>(*value);
+  }
+}
+
+void check_standalone(const LaunchOptions& o) {
+  if (o.standalone && o.nnodes != 1) {
+    throw InvalidArgument(fmt::format(
+        "--standalone runs one node, but --nnodes is {}: drop --standalone "
+        "and pass --master-addr/--master-port",
+        o.nnodes));
   }
 }
 
@@ -173,17 +199,18 @@ void check_nodes(const RawFlags& r, LaunchOptions& o) {
         r.nnodes));
   }
   o.nnodes = static_cast<int>(*lo);
+  if (!r.node_rank) {
+    // torchrun's c10d rendezvous assigns node ranks; the static one needs them.
+    o.node_rank = o.nnodes > 1 && r.rdzv_backend == "c10d" ? kNodeRankAtRendezvous : 0;
+    return check_standalone(o);
+  }
+  o.node_rank = *r.node_rank;
   if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
     throw InvalidArgument(fmt::format(
         "--node-rank {} is out of range for --nnodes {}: expected 0..{}",
         o.node_rank, o.nnodes, o.nnodes - 1));
   }
-  if (o.standalone && o.nnodes != 1) {
-    throw InvalidArgument(fmt::format(
-        "--standalone runs one node, but --nnodes is {}: drop --standalone "
-        "and pass --master-addr/--master-port",
-        o.nnodes));
-  }
+  check_standalone(o);
 }
 
 void check_rdzv(const RawFlags& r, LaunchOptions& o) {

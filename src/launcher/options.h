@@ -17,11 +17,20 @@
 
 namespace ddp::launcher {
 
+// LaunchOptions::node_rank before the c10d rendezvous assigned it.
+inline constexpr int kNodeRankAtRendezvous = -1;
+
 struct LaunchOptions {
   int nproc_per_node = 1;  // workers on this node (LOCAL_WORLD_SIZE)
   int nnodes = 1;          // nodes in the job
-  int node_rank = 0;       // this node, in [0, nnodes) (GROUP_RANK)
+  // This node, in [0, nnodes) (GROUP_RANK); kNodeRankAtRendezvous with
+  // --rdzv-backend c10d and no --node-rank: assigned as nodes arrive (the
+  // node hosting the rendezvous is 0), as torchrun's c10d rendezvous does.
+  int node_rank = 0;
   std::string master_addr = "127.0.0.1";  // host of global rank 0
+  // --rdzv-conf is_host: whether this node may host the c10d rendezvous
+  // (unset: when --rdzv-endpoint's host is one of this machine's addresses).
+  std::optional<bool> rdzv_is_host;
   int master_port = 29500;  // rank 0's store; with nnodes > 1 also the
                             // launchers' own rendezvous (docs/launcher.md)
   bool standalone = false;  // one node, a free port on 127.0.0.1

@@ -111,6 +111,25 @@ TEST(LauncherOptions, RendezvousFlagsOfTorchrun) {
   EXPECT_EQ(s.options.master_addr, "127.0.0.1");
 }
 
+// torchrun's c10d rendezvous assigns node ranks; the static one defaults to 0.
+TEST(LauncherOptions, NodeRankIsAssignedAtTheC10dRendezvousUnlessGiven) {
+  Parsed c = parse({"--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "p"});
+  ASSERT_FALSE(c.exit_code) << c.err;
+  EXPECT_EQ(c.options.node_rank, kNodeRankAtRendezvous);
+  EXPECT_FALSE(c.options.rdzv_is_host.has_value());
+  Parsed given = parse({"--nnodes", "3", "--node-rank", "2", "--rdzv-backend", "c10d", "p"});
+  EXPECT_EQ(given.options.node_rank, 2);
+  EXPECT_EQ(parse({"--nnodes", "3", "p"}).options.node_rank, 0);
+  EXPECT_EQ(parse({"--rdzv-backend", "c10d", "p"}).options.node_rank, 0);  // one node
+  Parsed host = parse({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-conf",
+                       "is_host=false,join_timeout=5", "p"});
+  EXPECT_EQ(host.options.rdzv_is_host, std::optional<bool>(false));
+  EXPECT_EQ(host.options.join_timeout, 5);
+  Parsed bad = parse({"--rdzv-conf", "is_host=maybe", "p"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("is_host needs true or false, not 'maybe'"));
+}
+
 TEST(LauncherOptions, ErrorsNameTheFlag) {
   struct Case {
     std::vector<std::string> args;
