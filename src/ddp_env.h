@@ -36,6 +36,9 @@ struct DdpEnv {
   // The first interface of GLOO_SOCKET_IFNAME's comma-separated list ("" when
   // unset or empty): the one Gloo binds.
   std::string gloo_socket_ifname;
+  // DDP_LOCAL_ADDR ("" when unset; ddprun --local-addr sets it): the local
+  // address Gloo binds when GLOO_SOCKET_IFNAME does not name an interface.
+  std::string local_addr;
   // DDP_LOG_LEVEL as set ("" when unset): logging.cc parses it, and reports
   // rather than throws when it is not a level.
   std::string log_level;

@@ -278,6 +278,7 @@ DdpEnv read_ddp_env() {
   env.stall_warning_s = env_str(kStallWarningS);
   const std::string ifnames = env_str(kGlooSocketIfname);
   env.gloo_socket_ifname = ifnames.substr(0, ifnames.find(','));
+  env.local_addr = env_str(kLocalAddr);
   env.log_level = env_str(kLogLevel);
   env.flight_recorder_dir = env_str(kFlightRecorderDir);
   env.flight_recorder_entries_text = env_str(kFlightRecorderEntries);

@@ -38,6 +38,7 @@ inline constexpr char kDebug[] = "DDP_DEBUG";
 inline constexpr char kTorchDistributedDebug[] = "TORCH_DISTRIBUTED_DEBUG";
 inline constexpr char kStallWarningS[] = "DDP_STALL_WARNING_S";
 inline constexpr char kGlooSocketIfname[] = "GLOO_SOCKET_IFNAME";
+inline constexpr char kLocalAddr[] = "DDP_LOCAL_ADDR";  // ddprun --local-addr
 inline constexpr char kFlightRecorderDir[] = "DDP_FLIGHT_RECORDER_DIR";  // ddprun: its run directory
 inline constexpr char kFlightRecorderEntries[] = "DDP_FLIGHT_RECORDER_ENTRIES";
 inline constexpr char kReduceAlone[] = "DDP_REDUCE_AT_WORLD_SIZE_1";

@@ -222,7 +222,8 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
   // warning's interval.
   const detail::MonitorOptions monitoring = monitor_options(options, env);
   detail::Rendezvous r = detail::rendezvous(
-      options, {monitoring.warn_after, env.gloo_socket_ifname, env.rendezvous_file, launch});
+      options, {monitoring.warn_after, env.gloo_socket_ifname, env.local_addr, env.rendezvous_file,
+                launch});
   auto impl = std::make_unique<detail::ProcessGroupImpl>();
   impl->rank = r.rank;
   impl->size = r.size;
@@ -240,11 +241,16 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
+    // Where the local address came from (rendezvous.cc's gloo_address_for).
+    const char* source = !options.gloo_address.empty()         ? "InitOptions::gloo_address"
+                         : !env.gloo_socket_ifname.empty() ? "GLOO_SOCKET_IFNAME"
+                         : !env.local_addr.empty() ? "DDP_LOCAL_ADDR, ddprun --local-addr"
+                                                   : "the route to the master";
     throw CommError(fmt::format(
         "rank {} of {} could not connect the {} backend (rendezvous {}, local "
-        "address '{}'): {}. If the ranks are on different machines, set "
+        "address '{}' ({})): {}. If the ranks are on different machines, set "
         "GLOO_SOCKET_IFNAME to the network interface they share",
-        r.rank, r.size, options.backend, r.address, r.gloo_address,
+        r.rank, r.size, options.backend, r.address, r.gloo_address, source,
         compat::what_without_backtrace(e)));
   }
   if (options.backend == "gloo") start_shared_memory(options, r, env.shared_memory, *impl);

@@ -221,6 +221,7 @@ std::string gloo_address_for(const std::string& options_address, const std::stri
                              const RendezvousInputs& in) {
   if (!options_address.empty()) return options_address;
   if (!in.gloo_socket_ifname.empty()) return "if:" + in.gloo_socket_ifname;
+  if (!in.local_addr.empty()) return in.local_addr;
   if (master_host.empty()) return "";
   return local_address_towards(master_host);
 }

@@ -21,6 +21,7 @@ struct RendezvousInputs {
   // How often a waiting rank says so (the stall warning's interval; 0: silent).
   std::chrono::milliseconds report_every{0};
   std::string gloo_socket_ifname;  // DdpEnv::gloo_socket_ifname
+  std::string local_addr;          // DdpEnv::local_addr
   std::string rendezvous_file;     // DdpEnv::rendezvous_file
   LaunchEnv launch;                // env://'s rank, size, master, agent store
 };

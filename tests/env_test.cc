@@ -34,7 +34,7 @@ const char* const kLaunchVariables[] = {
     "OMPI_COMM_WORLD_LOCAL_SIZE", "DDP_TERMINAL",
     // ddp's own
     "DDP_RENDEZVOUS_FILE", "DDP_SHM", "DDP_DEBUG", "TORCH_DISTRIBUTED_DEBUG",
-    "DDP_STALL_WARNING_S", "GLOO_SOCKET_IFNAME", "DDP_LOG_LEVEL", "DDP_LOG_RANK_PREFIX"};
+    "DDP_STALL_WARNING_S", "GLOO_SOCKET_IFNAME", "DDP_LOCAL_ADDR", "DDP_LOG_LEVEL", "DDP_LOG_RANK_PREFIX"};
 
 class EnvTest : public ::testing::Test {
  protected:
@@ -331,11 +331,12 @@ TEST_F(EnvTest, DdpVariablesDefaults) {
 TEST_F(EnvTest, DdpVariablesAreRead) {
   set({{"DDP_RENDEZVOUS_FILE", "/run/store"}, {"DDP_STALL_WARNING_S", "2.5"},
        {"GLOO_SOCKET_IFNAME", "eth1,eth0"}, {"DDP_LOG_LEVEL", "warn"},
-       {"DDP_LOG_RANK_PREFIX", "0"}});
+       {"DDP_LOG_RANK_PREFIX", "0"}, {"DDP_LOCAL_ADDR", "10.1.2.3"}});
   const detail::DdpEnv env = detail::read_ddp_env();
   EXPECT_EQ(env.rendezvous_file, "/run/store");
   EXPECT_EQ(env.stall_warning(), std::chrono::milliseconds(2500));
   EXPECT_EQ(env.gloo_socket_ifname, "eth1");
+  EXPECT_EQ(env.local_addr, "10.1.2.3");
   EXPECT_EQ(env.log_level, "warn");
   EXPECT_FALSE(env.log_rank_prefix);
   for (const char* prefixed : {"1", "", "no"}) {

@@ -93,6 +93,31 @@ TEST(ProcessGroup, TcpRanksAsThreads) {
   expect_no_errors(errors);
 }
 
+// ddprun --local-addr: Gloo binds DDP_LOCAL_ADDR (127.0.0.2 is a loopback
+// address Linux can bind; 192.0.2.7, TEST-NET-1, is none of this machine's).
+TEST(ProcessGroup, GlooBindsTheLocalAddrItIsGiven) {
+  testing::ScopedEnv shm("DDP_SHM", "0");
+  InitOptions o;
+  o.init_method = "tcp://127.0.0.1:" + std::to_string(free_port());
+  o.world_size = 2;
+  o.timeout = 20s;
+  {
+    testing::ScopedEnv local("DDP_LOCAL_ADDR", "127.0.0.2");
+    expect_no_errors(
+        run_group(o, {0, 1}, [](int, const ProcessGroupPtr& g) { expect_all_reduce_sum(g); }));
+  }
+  testing::ScopedEnv local("DDP_LOCAL_ADDR", "192.0.2.7");
+  o.init_method = "tcp://127.0.0.1:" + std::to_string(free_port());
+  auto errors = run_group(o, {0, 1}, [](int, const ProcessGroupPtr&) {});
+  for (size_t i = 0; i < errors.size(); ++i) {
+    ASSERT_TRUE(errors[i]) << "rank " << i << " bound an address that is not this machine's";
+    const std::string m = message_of(errors[i]);
+    EXPECT_NE(m.find("local address '192.0.2.7' (DDP_LOCAL_ADDR, ddprun --local-addr)"),
+              std::string::npos)
+        << m;
+  }
+}
+
 TEST(ProcessGroup, TcpLocalhostName) {
   InitOptions o;
   o.init_method = "tcp://localhost:" + std::to_string(free_port());

@@ -41,7 +41,8 @@ bool Agent::introduce() {
                {"nnodes", o_.nnodes},
                {"nproc_per_node", o_.nproc_per_node},
                {"run_id", o_.run_id},
-               {"host", host_name()}});
+               {"host", o_.local_addr.empty() ? host_name()
+                                              : host_name() + " " + o_.local_addr}});
   // Something else may be listening on the port: do not wait for ever.
   const auto deadline = after(10);
   while (link_->alive() && Clock::now() < deadline) {

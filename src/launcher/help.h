@@ -94,8 +94,9 @@ inline constexpr const char* kHelpLogsSpecs =
     "torchrun's LogsSpecs plugin (a Python entry point): not supported; "
     "use --log-dir, -r and -t";
 inline constexpr const char* kHelpLocalAddr =
-    "Not supported: nodes meet at --master-addr, and workers choose their "
-    "network interface with GLOO_SOCKET_IFNAME";
+    "An address of this node, for hosts with several interfaces: the "
+    "workers' Gloo binds it (DDP_LOCAL_ADDR; GLOO_SOCKET_IFNAME wins) and "
+    "the other nodes see it. Default: the address that routes to the master";
 inline constexpr const char* kHelpNumaBinding =
     "Not supported: bind workers yourself (numactl, taskset) or run under "
     "torchrun";

@@ -10,6 +10,7 @@
 #include "cli/usage_error.h"
 #include "ddp/error.h"
 #include "launcher/help.h"
+#include "launcher/net.h"
 #include "launcher/signals.h"
 
 namespace ddp::launcher {
@@ -294,11 +295,14 @@ void check_torchrun2_flags(const RawFlags& r, LaunchOptions& o) {
     refuse("--logs-specs", r.logs_specs,
            "LogsSpecs plugins are Python entry points; use --log-dir, -r and -t");
   }
-  if (!r.local_addr.empty()) {
-    refuse("--local-addr", r.local_addr,
-           "nodes meet at --master-addr, and workers choose their network "
-           "interface with GLOO_SOCKET_IFNAME");
+  if (!r.local_addr.empty() && !is_local_host(r.local_addr)) {
+    throw InvalidArgument(fmt::format(
+        "--local-addr {} is not an address of this machine (it cannot be bound here): "
+        "pass one of this node's addresses (ip -brief address), or leave it out to use "
+        "the one that routes to the master",
+        r.local_addr));
   }
+  o.local_addr = r.local_addr;
   if (!r.print_completion.empty()) {
     refuse("--print-completion", r.print_completion, "ddprun ships no shell completion script");
   }

@@ -51,6 +51,11 @@ struct LaunchOptions {
   // ${role_name}, ${local_rank}, ${rank} and ${hostname} substituted; empty:
   // "[rankN]:" when more than one rank shares the console.
   std::string log_line_prefix_template;
+  // --local-addr: an address of this machine; the workers' Gloo binds it
+  // (DDP_LOCAL_ADDR) unless GLOO_SOCKET_IFNAME names an interface, and the
+  // other launchers see it as this node's address. Empty: the address that
+  // routes to the master.
+  std::string local_addr;
   // torch.distributed.launch without --use-env: append --local_rank=N.
   bool legacy_local_rank_arg = false;
   // Multi-node rendezvous of the launchers (torchrun's --rdzv-conf keys).

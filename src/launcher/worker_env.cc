@@ -71,6 +71,7 @@ std::vector<std::string> worker_environment(const LaunchOptions& options,
   env[kMaxRestarts] = std::to_string(options.max_restarts);
   env[kRunId] = options.run_id;
   env[kErrorFile] = error_file;
+  if (!options.local_addr.empty()) env[kLocalAddr] = options.local_addr;
   if (attempt.store_file.empty()) {
     env.erase(kRendezvousFile);  // inherited from an outer launcher
   } else {

@@ -125,6 +125,7 @@ TEST(LauncherOptions, NodeRankIsAssignedAtTheC10dRendezvousUnlessGiven) {
                        "is_host=false,join_timeout=5", "p"});
   EXPECT_EQ(host.options.rdzv_is_host, std::optional<bool>(false));
   EXPECT_EQ(host.options.join_timeout, 5);
+  EXPECT_EQ(parse({"--local-addr", "127.0.0.1", "p"}).options.local_addr, "127.0.0.1");
   Parsed bad = parse({"--rdzv-conf", "is_host=maybe", "p"});
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("is_host needs true or false, not 'maybe'"));
@@ -149,7 +150,7 @@ TEST(LauncherOptions, ErrorsNameTheFlag) {
            {{"--max-restarts", "-1", "p"}, "--max-restarts -1 is negative"},
            {{"-m", "p"}, "use `ddprun [flags] python3 -u -m MODULE`"},
            {{"--nproc-per-node", "2"}, "no program given"},
-           {{"--local-addr", "10.0.0.2", "p"}, "--local-addr 10.0.0.2: not supported by ddprun"},
+           {{"--local-addr", "192.0.2.7", "p"}, "--local-addr 192.0.2.7 is not an address of this machine"},
            {{"--numa-binding", "node", "p"}, "--numa-binding node: not supported by ddprun"},
            {{"--print-completion", "bash", "p"}, "--print-completion bash: not supported by ddprun"},
            {{"--logs-specs", "mine", "p"}, "--logs-specs mine: not supported by ddprun"},

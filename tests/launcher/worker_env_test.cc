@@ -109,6 +109,17 @@ TEST(LauncherWorkerEnv, TerminalIsSetForARelayedTerminalOnlyAndNeverInherited) {
 
 // --standalone's rendezvous file; an inherited one (an outer launcher's)
 // is removed.
+TEST(LauncherWorkerEnv, LocalAddrReachesTheWorkersOnlyWhenGiven) {
+  LaunchOptions o;
+  AttemptInfo a{0, "127.0.0.1", 29500};
+  const char* base[] = {"PATH=/bin", nullptr};
+  for (const std::string& kv : worker_environment(o, 0, a, "/e", base)) {
+    EXPECT_NE(kv.rfind("DDP_LOCAL_ADDR=", 0), 0u) << kv;
+  }
+  o.local_addr = "10.0.0.7";
+  EXPECT_THAT(worker_environment(o, 0, a, "/e", base), Contains("DDP_LOCAL_ADDR=10.0.0.7"));
+}
+
 TEST(LauncherWorkerEnv, RendezvousFileIsTheAttemptsOnly) {
   LaunchOptions o;
   const char* inherited[] = {"DDP_RENDEZVOUS_FILE=/outer.store", nullptr};
