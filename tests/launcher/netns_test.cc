@@ -89,6 +89,27 @@ class NetnsTest : public LauncherTest {
     return argv;
   }
 
+  // The same command line for every node (the c10d rendezvous at
+  // `endpoint`, node ranks assigned), run inside namespace `ns`.
+  std::vector<std::string> same_line(const std::string& ns, const std::string& endpoint,
+                                     const std::vector<std::string>& args) const {
+    std::vector<std::string> argv{ip_path(),
+                                  "netns",
+                                  "exec",
+                                  ns,
+                                  DDPRUN_PATH,
+                                  "--nnodes=2",
+                                  "--nproc-per-node=2",
+                                  "--rdzv-backend=c10d",
+                                  "--rdzv-endpoint=" + endpoint,
+                                  "--rdzv-id=netns-job",
+                                  "--grace-period=2",
+                                  "--rdzv-conf=join_timeout=60,keep_alive_interval=1",
+                                  ALLREDUCE_WORKER_PATH};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+
   // shm_ranks: the ranks sharing memory on each node (2: both paths, shared
   // memory on the node and Gloo between the nodes; 4: one host).
   static void expect_sums(const ProcessResult& r, int first_rank, int steps, int shm_ranks = 2) {
@@ -129,6 +150,24 @@ TEST_F(NetnsTest, AllReduceAcrossTwoNamespaces) {
   ASSERT_EQ(r1.exit_code, 0) << r1.err;
   expect_sums(r0, 0, 3);
   expect_sums(r1, 2, 3);
+  expect_no_survivors();
+}
+
+// torchrun's recipe: the same line on both hosts. The host whose address
+// the endpoint names (10.77.0.1, namespace 0) hosts the rendezvous and is
+// node 0 although it starts second; the other is given node rank 1.
+TEST_F(NetnsTest, IdenticalCommandLinesAcrossTwoNamespaces) {
+  NamespacePair net;
+  if (!net.why_not().empty()) GTEST_SKIP() << net.why_not();
+  TestProcess n1(same_line(net.ns(1), "10.77.0.1:29500", {"3"}), env());
+  TestProcess n0(same_line(net.ns(0), "10.77.0.1:29500", {"3"}), env());
+  auto r0 = n0.wait(120);
+  auto r1 = n1.wait(120);
+  ASSERT_EQ(r0.exit_code, 0) << r0.err;
+  ASSERT_EQ(r1.exit_code, 0) << r1.err;
+  expect_sums(r0, 0, 3);
+  expect_sums(r1, 2, 3);
+  EXPECT_THAT(r0.err, HasSubstr("joined (node rank assigned at the rendezvous)"));
   expect_no_survivors();
 }
 
