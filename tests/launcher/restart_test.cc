@@ -51,9 +51,12 @@ TEST_F(LauncherTest, StandaloneRestartsOnAFreshPort) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   auto addrs = lines_with(r.out, "env MASTER_ADDR=");
   auto ports = lines_with(r.out, "env MASTER_PORT=");
-  ASSERT_EQ(addrs.size(), 4u);  // 2 ranks x 2 attempts
+  // 2 ranks x 2 attempts, except that rank 0 of the first attempt may be
+  // stopped (rank 1 failed) before it prints: 3 or 4 lines, never fewer.
+  ASSERT_GE(addrs.size(), 3u);
+  ASSERT_LE(addrs.size(), 4u);
   for (const auto& a : addrs) EXPECT_THAT(a, HasSubstr("=127.0.0.1"));
-  ASSERT_EQ(ports.size(), 4u);
+  ASSERT_EQ(ports.size(), addrs.size());
   for (const auto& p : ports) EXPECT_THAT(p, Not(HasSubstr("=29500")));
   EXPECT_EQ(lines_with(r.out, "env TORCHELASTIC_RESTART_COUNT=1").size(), 2u);
 }
