@@ -34,17 +34,19 @@ std::string Agent::self() const {
                                              : fmt::format("node {}", node_rank_);
 }
 
-// Sends hello on a fresh connection; true once node 0 welcomed us.
-bool Agent::introduce() {
+// Sends hello on a fresh connection; true once node 0 welcomed us (by
+// `join_deadline` at the latest).
+bool Agent::introduce(std::chrono::steady_clock::time_point join_deadline) {
   link_->send({{"type", "hello"},
                {"node_rank", o_.node_rank},
-               {"nnodes", o_.nnodes},
+               {"nnodes", o_.max_nnodes},
+               {"min_nnodes", o_.min_nnodes},
                {"nproc_per_node", o_.nproc_per_node},
                {"run_id", o_.run_id},
                {"host", o_.local_addr.empty() ? host_name()
                                               : host_name() + " " + o_.local_addr}});
   // Something else may be listening on the port: do not wait for ever.
-  const auto deadline = after(10);
+  const auto deadline = std::min(after(10), join_deadline);
   while (link_->alive() && Clock::now() < deadline) {
     wait_or_interrupt(signals_, link_->fd(), 200);
     bool welcomed = false;
@@ -76,12 +78,14 @@ int Agent::join() {
   const auto deadline = after(o_.join_timeout);
   std::string last_error = "no answer";
   bool told = false;
+  bool answered = false;  // something accepted the connection but sent no welcome
   while (Clock::now() < deadline) {
     int fd = connect_to(o_.master_addr, o_.master_port, 2000, last_error);
     if (fd >= 0) {
+      answered = true;
       link_.emplace(fd, o_.keep_alive_interval, o_.keep_alive_max_attempt);
       link_->node_rank = 0;
-      if (introduce()) return node_rank_;
+      if (introduce(deadline)) return node_rank_;
       last_error = link_->alive() ? "no welcome from node 0" : link_->why_dead();
       link_.reset();
     }
@@ -93,7 +97,12 @@ int Agent::join() {
     wait_or_interrupt(signals_, -1, 500);
   }
   const std::string way_out =
-      node_rank_ == kNodeRankAtRendezvous
+      answered
+          ? "Something accepts connections there but no launcher waits for nodes: the job "
+            "may have started already (all of its --nnodes joined; ddprun admits no node "
+            "to a running job) or the port belongs to another program. Check --nnodes and "
+            "the endpoint"
+      : node_rank_ == kNodeRankAtRendezvous
           ? "Start ddprun on that host too (the launcher there hosts the c10d rendezvous), "
             "or pass --rdzv-conf is_host=true on the node that should host it, and check "
             "--rdzv-endpoint and the network"
@@ -114,7 +123,11 @@ Order Agent::next_order() {
       Order order;
       if (m.value("type", "") == "start") {
         order.kind = Order::kStart;
-        order.restart_count = attempt_ = m.value("restart", 0);
+        order.restart_count = m.value("restart", 0);
+        order.round = attempt_ = m.value("round", order.restart_count);
+        order.node_rank = node_rank_ = m.value("node_rank", node_rank_);
+        order.nnodes = m.value("nnodes", o_.nnodes);
+        order.master_port = m.value("master_port", o_.master_port);
         stop_reason_.reset();  // a late "stop" of the previous attempt
         return order;
       }
@@ -165,10 +178,10 @@ void Agent::on_local_failure(const WorkerResult& root) {
                {"report", to_json(make_failure_report(root, node_rank_))}});
 }
 
-void Agent::report_exit(int restart_count, const GroupResult& local) {
+void Agent::report_exit(int round, const GroupResult& local) {
   static const char* names[] = {"succeeded", "failed", "interrupted", "stopped"};
   nlohmann::json m = {{"type", "exit"},
-                      {"attempt", restart_count},
+                      {"attempt", round},
                       {"outcome", names[static_cast<int>(local.outcome)]}};
   if (local.root_cause >= 0) {
     m["report"] = to_json(make_failure_report(local.workers[local.root_cause], node_rank_));

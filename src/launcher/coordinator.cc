@@ -30,125 +30,35 @@ const char* outcome_name(GroupOutcome o) {
 
 }  // namespace
 
-Coordinator::Coordinator(const LaunchOptions& options, SignalWatch& signals)
-    : o_(options), signals_(signals) {}
-
-Coordinator::~Coordinator() {
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-}
-
-void Coordinator::join(int listener) {
-  listen_fd_ = listener >= 0 ? listener : listen_on(o_.master_port);
-  launcher_message(fmt::format("node 0: waiting for {} more node(s) on port {}",
-                               o_.nnodes - 1, o_.master_port));
-  const auto deadline = after(o_.join_timeout);
-  std::vector<NodeLink> pending;  // connected, not yet introduced
-  while (static_cast<int>(links_.size()) < o_.nnodes - 1) {
-    if (Clock::now() > deadline) {
-      std::vector<int> missing;
-      for (int n = 1; n < o_.nnodes; ++n) {
-        bool in = std::any_of(links_.begin(), links_.end(),
-                              [&](const NodeLink& l) { return l.node_rank == n; });
-        if (!in) missing.push_back(n);
-      }
-      finish_job(1, "not every node joined");
-      throw TimeoutError(fmt::format(
-          "only {} of {} nodes joined at port {} within join_timeout={} s "
-          "(missing node ranks: {}). Start ddprun on every node with the same "
-          "--nnodes, --nproc-per-node and --master-addr/--master-port",
-          links_.size() + 1, o_.nnodes, o_.master_port, o_.join_timeout,
-          fmt::join(missing, ", ")));
-    }
-    std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}, {signals_.fd(), POLLIN, 0}};
-    for (NodeLink& l : pending) fds.push_back({l.fd(), POLLIN, 0});
-    add_poll_fds(fds);
-    ::poll(fds.data(), fds.size(), max_sleep_ms());
-    for (int sig : signals_.read_pending()) {
-      if (!is_stop_signal(sig)) continue;
-      finish_job(1, fmt::format("node 0 got {} while nodes were joining", signal_name(sig)));
-      throw Interrupted{sig};
-    }
-    if (fds[0].revents & POLLIN) accept_one(pending);
-    for (NodeLink& l : pending) {
-      for (const auto& m : l.receive()) {
-        if (m.value("type", "") == "hello") welcome(l, m);
-      }
-    }
-    pending.erase(std::remove_if(pending.begin(), pending.end(),
-                                 [](const NodeLink& l) { return !l.alive(); }),
-                  pending.end());
-    for (NodeLink& l : links_) {
-      l.receive();
-      l.tick();
-      if (!l.alive()) launcher_message(fmt::format("node {} left before the start: {}", l.node_rank, l.why_dead()));
-    }
-    links_.erase(std::remove_if(links_.begin(), links_.end(),
-                                [](const NodeLink& l) { return !l.alive(); }),
-                 links_.end());
-  }
-  ::close(listen_fd_);  // rank 0's TCPStore binds this port next
-  listen_fd_ = -1;
-}
-
-bool Coordinator::accept_one(std::vector<NodeLink>& pending) {
-  int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  if (fd < 0) return false;
-  pending.emplace_back(fd, o_.keep_alive_interval, o_.keep_alive_max_attempt);
-  return true;
-}
-
-void Coordinator::welcome(NodeLink& link, const nlohmann::json& hello) {
-  auto taken = [&](int n) {
-    return std::any_of(links_.begin(), links_.end(),
-                       [&](const NodeLink& l) { return l.node_rank == n; });
-  };
-  int node = hello.value("node_rank", kNodeRankAtRendezvous);
-  const bool assigned = node == kNodeRankAtRendezvous;
-  if (assigned) {  // the c10d rendezvous: the lowest free rank
-    node = 1;
-    while (node < o_.nnodes && taken(node)) ++node;
-  }
-  std::string problem;
-  if (hello.value("nnodes", -1) != o_.nnodes) {
-    problem = fmt::format("--nnodes {} differs from node 0's {}", hello.value("nnodes", -1), o_.nnodes);
-  } else if (hello.value("nproc_per_node", -1) != o_.nproc_per_node) {
-    problem = fmt::format("--nproc-per-node {} differs from node 0's {}",
-                          hello.value("nproc_per_node", -1), o_.nproc_per_node);
-  } else if (hello.value("run_id", "") != o_.run_id) {
-    problem = fmt::format("--rdzv-id (--run-id) '{}' differs from node 0's '{}'",
-                          hello.value("run_id", ""), o_.run_id);
-  } else if (assigned && node >= o_.nnodes) {
-    problem = fmt::format("all {} nodes of --nnodes {} have joined already", o_.nnodes, o_.nnodes);
-  } else if (node < 1 || node >= o_.nnodes) {
-    problem = fmt::format("--node-rank {} is not in 1..{}", node, o_.nnodes - 1);
-  } else if (taken(node)) {
-    problem = fmt::format("--node-rank {} has already joined: give each node its own rank", node);
-  }
-  if (!problem.empty()) {
-    launcher_message(fmt::format("rejected a node from {}: {}", hello.value("host", "?"), problem));
-    link.send({{"type", "reject"}, {"message", problem}});
-    link.kill("rejected");
-    return;
-  }
-  link.node_rank = node;
-  link.host = hello.value("host", "?");
-  link.send({{"type", "welcome"}, {"node_rank", node}});
-  launcher_message(fmt::format("node {} ({}) joined{}", node, link.host,
-                               assigned ? " (node rank assigned at the rendezvous)" : ""));
-  links_.push_back(std::move(link));
-}
-
 void Coordinator::broadcast(const nlohmann::json& m) {
   for (NodeLink& l : links_) l.send(m);
 }
 
-void Coordinator::start_attempt(int restart_count) {
-  attempt_ = restart_count;
+int Coordinator::start_attempt(int restart_count, int round) {
+  attempt_ = round;
+  in_round_ = true;
   stop_reason_.reset();
   root_.reset();
   node_states_.clear();
   lost_ = false;
-  broadcast({{"type", "start"}, {"restart", restart_count}});
+  joined_ = false;
+  int store_port = o_.master_port;
+  if (o_.elastic()) {  // Note [Elastic rounds]: ranks without gaps, a fresh store port
+    o_.nnodes = static_cast<int>(links_.size()) + 1;
+    store_port = pick_free_port();
+    for (size_t i = 0; i < links_.size(); ++i) links_[i].node_rank = static_cast<int>(i) + 1;
+    launcher_message(fmt::format("round {}: {} node(s), world size {}", round, o_.nnodes,
+                                 o_.world_size()));
+  }
+  for (NodeLink& l : links_) {
+    l.send({{"type", "start"},
+            {"restart", restart_count},
+            {"round", round},
+            {"node_rank", l.node_rank},
+            {"nnodes", o_.nnodes},
+            {"master_port", store_port}});
+  }
+  return store_port;
 }
 
 void Coordinator::trigger_stop(const std::string& reason) {
@@ -176,18 +86,24 @@ void Coordinator::handle(NodeLink& link, const nlohmann::json& m) {
 }
 
 void Coordinator::add_poll_fds(std::vector<pollfd>& fds) {
-  for (NodeLink& l : links_) {
-    if (l.alive()) fds.push_back({l.fd(), POLLIN, 0});
+  if (listen_fd_ >= 0) fds.push_back({listen_fd_, POLLIN, 0});  // elastic
+  for (auto* links : {&pending_, &links_, &arrivals_}) {
+    for (NodeLink& l : *links) {
+      if (l.alive()) fds.push_back({l.fd(), POLLIN, 0});
+    }
   }
 }
 
 int Coordinator::max_sleep_ms() const {
   int ms = 1000;
-  for (const NodeLink& l : links_) ms = std::min(ms, l.ms_until_tick());
+  for (auto* links : {&pending_, &links_, &arrivals_}) {
+    for (const NodeLink& l : *links) ms = std::min(ms, l.ms_until_tick());
+  }
   return ms;
 }
 
 std::optional<std::string> Coordinator::service() {
+  if (o_.elastic()) service_arrivals();
   for (NodeLink& l : links_) {
     const bool was_alive = l.alive();
     for (const auto& m : l.receive()) handle(l, m);
@@ -216,7 +132,7 @@ AttemptOutcome Coordinator::finish_attempt(const GroupResult& local) {
   // they like (heartbeats bound the wait); once a stop went out, a healthy
   // node reports within its grace period.
   std::optional<Clock::time_point> deadline;
-  while (static_cast<int>(node_states_.size()) < o_.nnodes - 1) {
+  while (node_states_.size() < links_.size()) {
     if (stop_reason_ && !deadline) deadline = after(o_.grace_period + 5);
     if (deadline && Clock::now() > *deadline) break;
     std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
@@ -229,12 +145,15 @@ AttemptOutcome Coordinator::finish_attempt(const GroupResult& local) {
     }
     service();
   }
-  for (const NodeLink& l : links_) {
-    if (node_states_.emplace(l.node_rank, fmt::format("did not report within {} s of the stop",
-                                                      o_.grace_period + 5)).second) {
+  for (NodeLink& l : links_) {
+    const std::string late =
+        fmt::format("did not report within {} s of the stop", o_.grace_period + 5);
+    if (node_states_.emplace(l.node_rank, late).second) {
       lost_ = true;
+      if (o_.elastic()) l.kill(late);  // it leaves the job (drop_lost_nodes)
     }
   }
+  in_round_ = false;
   bool all_ok = local.outcome == GroupOutcome::kSucceeded;
   bool interrupted = out.interrupt_signal != 0;
   for (const auto& [node, state] : node_states_) {
@@ -243,14 +162,21 @@ AttemptOutcome Coordinator::finish_attempt(const GroupResult& local) {
     out.notes.push_back(fmt::format("node {}: {}", node, state));
   }
   out.notes.insert(out.notes.begin(), fmt::format("node 0: {}", outcome_name(local.outcome)));
-  out.succeeded = all_ok && !lost_;
+  out.succeeded = all_ok && !lost_;  // a node that joined at the very end is told "done"
+  out.membership_changed = o_.elastic() && (lost_ || joined_) && !interrupted;
   out.restartable = !out.succeeded && !lost_ && !interrupted;
+  if (out.membership_changed) drop_lost_nodes();
   out.root = root_;
   out.reason = stop_reason_.value_or("");
   return out;
 }
 
 void Coordinator::finish_job(int exit_code, const std::string& reason) {
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  listen_fd_ = -1;
+  for (NodeLink& l : arrivals_) links_.push_back(std::move(l));
+  arrivals_.clear();
+  pending_.clear();
   broadcast({{"type", "done"}, {"code", exit_code}, {"reason", reason}});
   for (NodeLink& l : links_) {
     if (l.alive()) ::shutdown(l.fd(), SHUT_WR);

@@ -13,7 +13,9 @@ inline constexpr const char* kHelpNproc =
     "Workers on this node: a number, cpu (one per CPU), gpu (one per GPU) or "
     "auto (gpu if any, else cpu). Default 1";
 inline constexpr const char* kHelpNnodes =
-    "Number of nodes (N, or N:N; elastic ranges are not supported). Default 1";
+    "Number of nodes: N, or MIN:MAX for an elastic job (with --rdzv-backend "
+    "c10d; it starts with MIN to MAX nodes and restarts its workers when a "
+    "node joins or is lost). Default 1";
 inline constexpr const char* kHelpNodeRank =
     "Rank of this node, 0..nnodes-1. Global rank = node_rank * nproc + "
     "local_rank. Default 0; with --rdzv-backend c10d and --nnodes > 1, "
@@ -59,7 +61,8 @@ inline constexpr const char* kHelpRdzvEndpoint =
 inline constexpr const char* kHelpRdzvConf =
     "key=value,... of which ddprun reads join_timeout (s, default 600), "
     "keep_alive_interval (s, default 5), keep_alive_max_attempt (default "
-    "3) and is_host (true/false; default: whether the endpoint is an "
+    "3), last_call_timeout (s, default 30: how long an elastic job waits for "
+    "more nodes once MIN are in) and is_host (true/false; default: whether the endpoint is an "
     "address of this machine); others are ignored";
 inline constexpr const char* kHelpNoPython =
     "Accepted for torchrun scripts: ddprun always runs PROGRAM itself";
@@ -134,7 +137,10 @@ every worker (ddprun then exits 128+signal); a second one kills at once.
 Multi-node (--nnodes > 1): the launchers meet at --master-addr:--master-port,
 start and stop every attempt together, and give up when a node stops
 answering for keep_alive_interval * keep_alive_max_attempt seconds.
-Restarts restart every node's workers.
+Restarts restart every node's workers. --nnodes MIN:MAX (with --rdzv-backend
+c10d) is elastic: a round starts with MIN..MAX nodes; a node that joins or is
+lost ends it, and the workers restart on the nodes there are (no restart is
+used up; docs/launcher.md).
 )";
 
 }  // namespace ddp::launcher

@@ -31,12 +31,14 @@ struct Job {
   RunDir& dir;
   SignalWatch& signals;
 
-  GroupSpec spec(const AttemptInfo& attempt) const {
+  // `round` numbers the attempt's directory: the restart count, but an
+  // elastic job also starts a round when its nodes change.
+  GroupSpec spec(const AttemptInfo& attempt, int round) const {
     GroupSpec s;
     s.options = &o;
     s.attempt = attempt;
     s.program_path = program;
-    s.attempt_dir = dir.attempt_dir(attempt.restart_count);
+    s.attempt_dir = dir.attempt_dir(round);
     s.attempt.flight_dir = flight_dir_of_attempt(s.attempt_dir);
     s.log_all_streams = !o.log_dir.empty();
     return s;
@@ -94,11 +96,12 @@ void report_flight_records(const Job& job, int restart_count,
 
 void print_summary(const Job& job, const FailureReport& root,
                    const std::vector<WorkerResult>& local,
-                   std::vector<std::string> notes, int restart_count, int interrupt_signal) {
+                   std::vector<std::string> notes, int restart_count, int round,
+                   int interrupt_signal) {
   std::string title = fmt::format("{} failed (attempt {} of {})", job.o.program[0],
                                   restart_count + 1, job.o.max_restarts + 1);
   write_all(STDERR_FILENO, format_summary(title, root, local, notes));
-  report_flight_records(job, restart_count, local, interrupt_signal);
+  report_flight_records(job, round, local, interrupt_signal);
 }
 
 int single_node(const Job& job) {
@@ -107,11 +110,11 @@ int single_node(const Job& job) {
     AttemptInfo a{k, o.master_addr, o.standalone ? pick_free_port() : o.master_port};
     if (o.standalone) a.store_file = job.dir.attempt_dir(k) + "/rendezvous.store";
     if (!o.standalone) check_master_port(a.master_port);
-    GroupResult g = run_worker_group(job.spec(a), job.signals);
+    GroupResult g = run_worker_group(job.spec(a, k), job.signals);
     if (g.outcome == GroupOutcome::kSucceeded) return kExitSuccess;
     if (g.outcome == GroupOutcome::kFailed) {
       print_summary(job, make_failure_report(g.workers[g.root_cause], o.node_rank),
-                    g.workers, {}, k, g.interrupt_signal);
+                    g.workers, {}, k, k, g.interrupt_signal);
       if (g.interrupt_signal == 0 && restart_allowed(o, k)) continue;
     } else {
       report_flight_records(job, k, g.workers, g.interrupt_signal);  // interrupted
@@ -120,16 +123,18 @@ int single_node(const Job& job) {
   }
 }
 
-int coordinate(const Job& job, int listener) {
+// `live` is the launcher's options, which job.o refers to: in an elastic job
+// the coordinator sets the node count of each round there.
+int coordinate(const Job& job, LaunchOptions& live, int listener) {
   const LaunchOptions& o = job.o;
-  Coordinator c(o, job.signals);
+  Coordinator c(live, job.signals);
   c.join(listener);
-  for (int k = 0;; ++k) {
+  for (int k = 0, round = 0;; ++round) {
     GroupResult g;
     try {
-      check_master_port(o.master_port);
-      c.start_attempt(k);
-      g = run_worker_group(job.spec({k, o.master_addr, o.master_port}), job.signals, &c);
+      if (!o.elastic()) check_master_port(o.master_port);
+      const int store_port = c.start_attempt(k, round);
+      g = run_worker_group(job.spec({k, o.master_addr, store_port}, round), job.signals, &c);
     } catch (const std::exception& e) {
       c.finish_job(kExitFailure, fmt::format("node 0 could not start its workers: {}", e.what()));
       throw;
@@ -139,20 +144,31 @@ int coordinate(const Job& job, int listener) {
       c.finish_job(kExitSuccess, "");
       return kExitSuccess;
     }
+    if (a.membership_changed) {  // Note [Elastic rounds]: no restart used up
+      launcher_message(fmt::format("round {} ended: {}; forming the next round", round, a.reason));
+      for (const std::string& note : a.notes) launcher_message(note);
+      c.join();
+      continue;
+    }
     if (a.root) {
-      print_summary(job, *a.root, g.workers, a.notes, k, a.interrupt_signal);
+      print_summary(job, *a.root, g.workers, a.notes, k, round, a.interrupt_signal);
     } else {
       launcher_message("the job failed: " + a.reason);
       for (const std::string& note : a.notes) launcher_message(note);
-      report_flight_records(job, k, g.workers, a.interrupt_signal);
+      report_flight_records(job, round, g.workers, a.interrupt_signal);
     }
-    if (a.restartable && restart_allowed(o, k)) continue;
+    if (a.restartable && restart_allowed(o, k)) {
+      ++k;
+      continue;
+    }
     c.finish_job(kExitFailure, a.root ? root_cause_line(*a.root) : "the job failed");
     return exit_code_for(a.interrupt_signal);
   }
 }
 
-int follow(const Job& job, Agent& agent) {
+// `live`: as in coordinate(); each start order sets this node's rank and
+// the node count of the round there.
+int follow(const Job& job, LaunchOptions& live, Agent& agent) {
   const LaunchOptions& o = job.o;
   while (true) {
     Order order = agent.next_order();
@@ -165,23 +181,27 @@ int follow(const Job& job, Agent& agent) {
       return order.exit_code == 0 ? kExitSuccess : kExitFailure;
     }
     const int k = order.restart_count;
+    const int round = order.round;
+    live.node_rank = order.node_rank;
+    live.nnodes = order.nnodes;
     GroupResult g;
     try {
-      g = run_worker_group(job.spec({k, o.master_addr, o.master_port}), job.signals, &agent);
+      g = run_worker_group(job.spec({k, o.master_addr, order.master_port}, round), job.signals,
+                           &agent);
     } catch (const std::exception&) {
       GroupResult failed;
       failed.outcome = GroupOutcome::kFailed;
-      agent.report_exit(k, failed);
+      agent.report_exit(round, failed);
       throw;
     }
-    agent.report_exit(k, g);
+    agent.report_exit(round, g);
     if (g.outcome == GroupOutcome::kFailed) {
       print_summary(job, make_failure_report(g.workers[g.root_cause], o.node_rank),
-                    g.workers, {}, k, g.interrupt_signal);
+                    g.workers, {}, k, round, g.interrupt_signal);
     } else if (g.outcome == GroupOutcome::kStopped) {
       launcher_message(fmt::format("stopped this node's workers: {}", g.stop_reason));
       // This node's part of the picture.
-      report_flight_records(job, k, g.workers, g.interrupt_signal);
+      report_flight_records(job, round, g.workers, g.interrupt_signal);
     }
     if (g.interrupt_signal != 0) return exit_code_for(g.interrupt_signal);
   }
@@ -220,10 +240,10 @@ int run_launcher(const LaunchOptions& given) {
     Job job{o, program, dir, signals};
     if (o.nnodes == 1) return single_node(job);
     const int listener = claim_rendezvous(o);
-    if (o.node_rank == 0) return coordinate(job, listener);
+    if (o.node_rank == 0) return coordinate(job, o, listener);
     Agent agent(o, signals);
     o.node_rank = agent.join();  // job and agent see it: they refer to o
-    return follow(job, agent);
+    return follow(job, o, agent);
   } catch (const Interrupted& i) {
     return exit_code_for(i.signal);
   } catch (const std::exception& e) {

@@ -163,13 +163,14 @@ void apply_rdzv_conf(const std::string& text, LaunchOptions& o) {
     }
     auto value = parse_double(eq == std::string::npos ? "" : item.substr(eq + 1));
     bool known = key == "join_timeout" || key == "keep_alive_interval" ||
-                 key == "keep_alive_max_attempt";
+                 key == "keep_alive_max_attempt" || key == "last_call_timeout";
     if (!known) continue;  // torchrun's other keys tune its own rendezvous
     if (!value || *value <= 0) {
       throw InvalidArgument(fmt::format(
           "--rdzv-conf '{}': {} needs a positive number", text, key));
     }
     if (key == "join_timeout") o.join_timeout = *value;
+    if (key == "last_call_timeout") o.last_call_timeout = *value;
     if (key == "keep_alive_interval") o.keep_alive_interval = *value;
     if (key == "keep_alive_max_attempt") o.keep_alive_max_attempt = static_cast<int>(*value);
   }
@@ -184,6 +185,28 @@ void check_standalone(const LaunchOptions& o) {
   }
 }
 
+// --nnodes MIN:MAX: torchrun allows it with a dynamic rendezvous only, and
+// node ranks belong to the rendezvous (they change from round to round).
+void check_elastic(const RawFlags& r, LaunchOptions& o) {
+  if (r.rdzv_backend != "c10d") {
+    throw InvalidArgument(fmt::format(
+        "--nnodes {}: an elastic range needs --rdzv-backend c10d and --rdzv-endpoint "
+        "HOST:PORT (the static rendezvous needs a fixed number of nodes)",
+        r.nnodes));
+  }
+  if (r.node_rank) {
+    throw InvalidArgument(fmt::format(
+        "--node-rank {} with --nnodes {}: an elastic job assigns node ranks at every "
+        "round; drop --node-rank",
+        *r.node_rank, r.nnodes));
+  }
+  if (o.standalone) {
+    throw InvalidArgument(fmt::format(
+        "--standalone runs one node, but --nnodes is {}: drop --standalone", r.nnodes));
+  }
+  o.node_rank = kNodeRankAtRendezvous;
+}
+
 void check_nodes(const RawFlags& r, LaunchOptions& o) {
   auto parts = split(r.nnodes, ':');
   auto lo = parse_long(parts.front());
@@ -193,13 +216,15 @@ void check_nodes(const RawFlags& r, LaunchOptions& o) {
         "--nnodes '{}' is not valid: expected a positive number of nodes",
         r.nnodes));
   }
-  if (*lo != *hi) {
+  if (*lo > *hi) {
     throw InvalidArgument(fmt::format(
-        "--nnodes {}: elastic node ranges are not supported; pass a fixed "
-        "number of nodes (--nnodes N)",
+        "--nnodes {}: MIN is larger than MAX; pass --nnodes MIN:MAX with MIN <= MAX",
         r.nnodes));
   }
-  o.nnodes = static_cast<int>(*lo);
+  o.min_nnodes = static_cast<int>(*lo);
+  o.max_nnodes = static_cast<int>(*hi);
+  o.nnodes = o.max_nnodes;  // until a round is formed
+  if (o.elastic()) return check_elastic(r, o);
   if (!r.node_rank) {
     // torchrun's c10d rendezvous assigns node ranks; the static one needs them.
     o.node_rank = o.nnodes > 1 && r.rdzv_backend == "c10d" ? kNodeRankAtRendezvous : 0;
@@ -221,6 +246,7 @@ void check_rdzv(const RawFlags& r, LaunchOptions& o) {
         "torchrun's static and c10d backends; pass static or c10d",
         r.rdzv_backend));
   }
+  o.rdzv_c10d = r.rdzv_backend == "c10d";
   if (!r.rdzv_endpoint.empty() && !o.standalone) {
     std::tie(o.master_addr, o.master_port) = parse_endpoint(r.rdzv_endpoint);
   }

@@ -22,7 +22,14 @@ inline constexpr int kNodeRankAtRendezvous = -1;
 
 struct LaunchOptions {
   int nproc_per_node = 1;  // workers on this node (LOCAL_WORLD_SIZE)
-  int nnodes = 1;          // nodes in the job
+  // Nodes in the job; with --nnodes MIN:MAX, those of the current round
+  // (set by the rendezvous before each start, control.h).
+  int nnodes = 1;
+  // --nnodes MIN:MAX (both equal to nnodes for a fixed count). Elastic when
+  // they differ: needs --rdzv-backend c10d, node ranks are assigned anew at
+  // every round (Note [Elastic rounds] in control.h).
+  int min_nnodes = 1;
+  int max_nnodes = 1;
   // This node, in [0, nnodes) (GROUP_RANK); kNodeRankAtRendezvous with
   // --rdzv-backend c10d and no --node-rank: assigned as nodes arrive (the
   // node hosting the rendezvous is 0), as torchrun's c10d rendezvous does.
@@ -31,6 +38,9 @@ struct LaunchOptions {
   // --rdzv-conf is_host: whether this node may host the c10d rendezvous
   // (unset: when --rdzv-endpoint's host is one of this machine's addresses).
   std::optional<bool> rdzv_is_host;
+  // --rdzv-backend c10d (messages then name --rdzv-endpoint and --rdzv-id
+  // rather than --master-addr/--master-port).
+  bool rdzv_c10d = false;
   int master_port = 29500;  // rank 0's store; with nnodes > 1 also the
                             // launchers' own rendezvous (docs/launcher.md)
   bool standalone = false;  // one node, a free port on 127.0.0.1
@@ -60,11 +70,20 @@ struct LaunchOptions {
   bool legacy_local_rank_arg = false;
   // Multi-node rendezvous of the launchers (torchrun's --rdzv-conf keys).
   double join_timeout = 600.0;       // seconds for every node to join
+  // Elastic: seconds to wait for more nodes (up to max_nnodes) once
+  // min_nnodes are in, before a round starts (torchrun's default).
+  double last_call_timeout = 30.0;
   double keep_alive_interval = 5.0;  // seconds between heartbeats
   int keep_alive_max_attempt = 3;    // missed heartbeats before giving up
   std::vector<std::string> program;  // the program and its arguments
 
   int world_size() const { return nnodes * nproc_per_node; }
+  bool elastic() const { return min_nnodes != max_nnodes; }
+  // "N", or "MIN:MAX" when elastic: --nnodes as given.
+  std::string nnodes_spec() const {
+    return elastic() ? std::to_string(min_nnodes) + ":" + std::to_string(max_nnodes)
+                     : std::to_string(nnodes);
+  }
   // Global rank of a local rank: node_rank * nproc_per_node + local_rank.
   int global_rank(int local_rank) const {
     return node_rank * nproc_per_node + local_rank;

@@ -6,6 +6,7 @@
 // program as two nodes on the loopback, which needs neither.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -193,6 +194,57 @@ TEST_F(NetnsTest, ShortTrainingAcrossTwoNamespaces) {
   ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
   ASSERT_EQ(r1.exit_code, 0) << r1.out << r1.err;
   EXPECT_EQ(lines_with(r0.out, "parameters identical on all 4 ranks").size(), 1u) << r0.out;
+  expect_no_survivors();
+#endif
+}
+
+// Issue 29's end to end: an elastic job (--nnodes 1:2) training on two
+// namespace hosts loses one (launcher and workers SIGKILLed) in epoch 2; the
+// other restarts its workers on the smaller world, resumes from the latest
+// checkpoint and finishes, and its ranks end with identical parameters.
+TEST_F(NetnsTest, ElasticTrainingSurvivesALostHost) {
+#ifndef DDP_TRAIN_PATH
+  GTEST_SKIP() << "ddp-train is not built";
+#else
+  if (!std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good()) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  NamespacePair net;
+  if (!net.why_not().empty()) GTEST_SKIP() << net.why_not();
+  auto line = [&](int i) {
+    std::vector<std::string> argv{ip_path(), "netns", "exec", net.ns(i), DDPRUN_PATH,
+                                  "--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                                  "--rdzv-endpoint=10.77.0.1:29500", "--rdzv-id=elastic-job",
+                                  "--grace-period=3",
+                                  "--rdzv-conf=join_timeout=60,last_call_timeout=5,"
+                                  "keep_alive_interval=1,keep_alive_max_attempt=5",
+                                  DDP_TRAIN_PATH};
+    for (const char* a : {"--resume", "--epochs", "3", "--train-samples", "4096",
+                          "--test-samples", "512", "--no-plot", "--timeout", "20",
+                          "--log-every", "4"}) {
+      argv.push_back(a);
+    }
+    argv.push_back("--out-dir");
+    argv.push_back(path("out"));
+    return argv;
+  };
+  TestProcess n0(line(0), env());
+  ASSERT_TRUE(n0.wait_for_output("waiting on port", 30)) << n0.output_so_far();
+  TestProcess n1(line(1), env());
+  // In epoch 2 (16 steps at world 4), after epoch 1's checkpoint.
+  ASSERT_TRUE(n0.wait_for_output("epoch 2/3 step 4/16", 240)) << n0.output_so_far();
+  n1.send_signal(SIGKILL);  // the host's launcher; its workers die with it
+  auto r1 = n1.wait(30);
+  auto r0 = n0.wait(300);
+  ASSERT_FALSE(r0.timed_out) << r0.out << r0.err;
+  ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
+  EXPECT_THAT(r0.err, HasSubstr("round 0: 2 node(s), world size 4"));
+  EXPECT_THAT(r0.err, HasSubstr("lost contact with node 1"));
+  EXPECT_THAT(r0.err, HasSubstr("round 1: 1 node(s), world size 2"));
+  EXPECT_THAT(r0.out, HasSubstr("ddp-train: resumed from "));
+  EXPECT_THAT(r0.out, HasSubstr("--resume: world size 2 where the checkpoint's run had 4"));
+  EXPECT_THAT(r0.out, HasSubstr("epoch 3/3: train loss"));
+  EXPECT_EQ(lines_with(r0.out, "parameters identical on all 2 ranks").size(), 1u) << r0.out;
   expect_no_survivors();
 #endif
 }

@@ -111,6 +111,26 @@ TEST(LauncherOptions, RendezvousFlagsOfTorchrun) {
   EXPECT_EQ(s.options.master_addr, "127.0.0.1");
 }
 
+// --nnodes MIN:MAX with the c10d rendezvous, as torchrun (control.h, Note
+// [Elastic rounds]); a fixed count is MIN = MAX.
+TEST(LauncherOptions, ElasticNodeRangeWithTheC10dRendezvous) {
+  Parsed e = parse({"--nnodes", "1:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1",
+                    "--rdzv-conf", "last_call_timeout=2.5", "p"});
+  ASSERT_FALSE(e.exit_code) << e.err;
+  EXPECT_TRUE(e.options.elastic());
+  EXPECT_EQ(e.options.min_nnodes, 1);
+  EXPECT_EQ(e.options.max_nnodes, 3);
+  EXPECT_EQ(e.options.nnodes, 3);
+  EXPECT_EQ(e.options.node_rank, kNodeRankAtRendezvous);
+  EXPECT_EQ(e.options.last_call_timeout, 2.5);
+  EXPECT_EQ(e.options.nnodes_spec(), "1:3");
+  Parsed fixed = parse({"--nnodes", "2:2", "p"});
+  EXPECT_FALSE(fixed.options.elastic());
+  EXPECT_EQ(fixed.options.nnodes, 2);
+  EXPECT_EQ(fixed.options.nnodes_spec(), "2");
+  EXPECT_EQ(parse({"p"}).options.last_call_timeout, 30);
+}
+
 // torchrun's c10d rendezvous assigns node ranks; the static one defaults to 0.
 TEST(LauncherOptions, NodeRankIsAssignedAtTheC10dRendezvousUnlessGiven) {
   Parsed c = parse({"--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "p"});
@@ -139,7 +159,11 @@ TEST(LauncherOptions, ErrorsNameTheFlag) {
   for (const Case& c : std::vector<Case>{
            {{"--nproc-per-node", "0", "p"}, "--nproc-per-node 0 is out of range"},
            {{"--nproc-per-node", "many", "p"}, "--nproc-per-node 'many' is not valid"},
-           {{"--nnodes", "1:4", "p"}, "elastic node ranges are not supported"},
+           {{"--nnodes", "1:4", "p"}, "--nnodes 1:4: an elastic range needs --rdzv-backend c10d"},
+           {{"--nnodes", "1:4", "--rdzv-backend", "c10d", "--node-rank", "1", "p"},
+            "--node-rank 1 with --nnodes 1:4: an elastic job assigns node ranks at every round"},
+           {{"--nnodes", "3:2", "p"}, "--nnodes 3:2: MIN is larger than MAX"},
+           {{"--rdzv-conf", "last_call_timeout=0", "p"}, "last_call_timeout needs a positive number"},
            {{"--nnodes", "2", "--node-rank", "2", "p"}, "--node-rank 2 is out of range"},
            {{"--standalone", "--nnodes", "2", "p"}, "--standalone runs one node"},
            {{"--master-port", "70000", "p"}, "--master-port 70000 is out of range"},

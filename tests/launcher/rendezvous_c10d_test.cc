@@ -6,15 +6,19 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <memory>
 #include <set>
 
 #include "launcher/launcher_fixture.h"
+#include "launcher/net.h"
 
 namespace ddp::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class C10dRendezvousTest : public LauncherTest {
  protected:
@@ -82,7 +86,30 @@ TEST_F(C10dRendezvousTest, AMismatchedRdzvIdIsNamedWithBothIds) {
   EXPECT_THAT(r.err, HasSubstr("rejected this node: --rdzv-id (--run-id) 'jobB' differs from "
                                "node 0's 'jobA'"));
   EXPECT_EQ(h.exit_code, 1);
+  // The host says at once that it refused the node and keeps waiting, and
+  // its timeout names the c10d flags (not --master-addr/--master-port).
+  EXPECT_THAT(h.err, HasSubstr("differs from node 0's 'jobA'; still waiting for 1 more node(s) "
+                               "(join_timeout=4 s)"));
   EXPECT_THAT(h.err, HasSubstr("only 1 of 2 nodes joined"));
+  EXPECT_THAT(h.err, HasSubstr("the same --nnodes, --nproc-per-node and --rdzv-endpoint "
+                               "127.0.0.1:" + std::to_string(port_) + " and --rdzv-id jobA"));
+  EXPECT_THAT(h.err, Not(HasSubstr("--master-addr")));
+}
+
+TEST_F(C10dRendezvousTest, ANodeArrivingAtAStartedJobIsToldSo) {
+  // Once every node joined, node 0 closes its listener and global rank 0's
+  // TCPStore binds the port: a late node finds something that accepts its
+  // connection but never welcomes it. This socket stands in for the store.
+  const int store = launcher::listen_on(port_);
+  TestProcess late(launcher(2, "127.0.0.1", {"--rdzv-conf", "is_host=false,join_timeout=3"}),
+                   env());
+  auto r = late.wait(30);
+  ::close(store);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("could not join node 0 at 127.0.0.1:" + std::to_string(port_)));
+  EXPECT_THAT(r.err, HasSubstr("the job may have started already"));
+  EXPECT_THAT(r.err, Not(HasSubstr("Start ddprun on that host too")));
 }
 
 TEST_F(C10dRendezvousTest, AnEndpointNobodyHostsFailsWithinTheJoinTimeout) {
