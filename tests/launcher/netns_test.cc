@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 
 #include "launcher/launcher_fixture.h"
 
@@ -65,6 +66,49 @@ class NamespacePair {
 
  private:
   std::string base_;
+  std::string why_not_;
+};
+
+// Three hosts: namespaces <base>0..2 (10.78.0.1..3) whose veth ends meet on
+// a bridge in a fourth namespace, <base>b; all removed in the destructor.
+class NamespaceBridge {
+ public:
+  explicit NamespaceBridge(int hosts)
+      : base_("ddpb" + std::to_string(getpid() % 100000) + "n"), hosts_(hosts) {
+    if (geteuid() != 0) {
+      why_not_ = "needs root to create network namespaces";
+      return;
+    }
+    if (access(ip_path(), X_OK) != 0) {
+      why_not_ = "the `ip` tool (iproute2) is not installed";
+      return;
+    }
+    const std::string br = base_ + "b";
+    bool ok = sh("ip netns add " + br) && sh("ip -n " + br + " link add br0 type bridge") &&
+              sh("ip -n " + br + " link set br0 up");
+    for (int i = 0; ok && i < hosts; ++i) {
+      const std::string n = ns(i), v = base_ + "v" + std::to_string(i),
+                        p = base_ + "p" + std::to_string(i);
+      ok = sh("ip netns add " + n) && sh("ip link add " + v + " type veth peer name " + p) &&
+           sh("ip link set " + v + " netns " + n) && sh("ip link set " + p + " netns " + br) &&
+           sh("ip -n " + br + " link set " + p + " master br0") &&
+           sh("ip -n " + br + " link set " + p + " up") &&
+           sh("ip -n " + n + " addr add " + addr(i) + "/24 dev " + v) &&
+           sh("ip -n " + n + " link set " + v + " up") && sh("ip -n " + n + " link set lo up");
+    }
+    if (!ok) why_not_ = "could not create three network namespaces on a bridge";
+  }
+  ~NamespaceBridge() {
+    for (int i = 0; i < hosts_; ++i) sh("ip netns del " + ns(i));
+    sh("ip netns del " + base_ + "b");
+  }
+  const std::string& why_not() const { return why_not_; }
+  std::string ns(int i) const { return base_ + std::to_string(i); }
+  static std::string addr(int i) { return "10.78.0." + std::to_string(i + 1); }
+
+ private:
+  std::string base_;
+  int hosts_;
   std::string why_not_;
 };
 
@@ -245,6 +289,66 @@ TEST_F(NetnsTest, ElasticTrainingSurvivesALostHost) {
   EXPECT_THAT(r0.out, HasSubstr("--resume: world size 2 where the checkpoint's run had 4"));
   EXPECT_THAT(r0.out, HasSubstr("epoch 3/3: train loss"));
   EXPECT_EQ(lines_with(r0.out, "parameters identical on all 2 ranks").size(), 1u) << r0.out;
+  expect_no_survivors();
+#endif
+}
+
+// Three hosts with one command line, --nnodes 2:3: a host is SIGKILLed in
+// epoch 2 and the other two go on as world 4 from the checkpoint; started
+// again, it joins at the next round and the job ends on world 6 with every
+// rank's parameters identical.
+TEST_F(NetnsTest, ElasticTrainingOnThreeHostsLosesOneAndTakesItBack) {
+#ifndef DDP_TRAIN_PATH
+  GTEST_SKIP() << "ddp-train is not built";
+#else
+  if (!std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good()) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  NamespaceBridge net(3);
+  if (!net.why_not().empty()) GTEST_SKIP() << net.why_not();
+  auto line = [&](int i) {
+    std::vector<std::string> argv{ip_path(), "netns", "exec", net.ns(i), DDPRUN_PATH,
+                                  "--nnodes=2:3", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                                  "--rdzv-endpoint=" + NamespaceBridge::addr(0) + ":29500",
+                                  "--rdzv-id=three-hosts", "--grace-period=3",
+                                  "--rdzv-conf=join_timeout=60,last_call_timeout=3,"
+                                  "keep_alive_interval=1,keep_alive_max_attempt=5",
+                                  DDP_TRAIN_PATH};
+    for (const char* a : {"--resume", "--epochs", "3", "--train-samples", "6144",
+                          "--test-samples", "512", "--no-plot", "--timeout", "20",
+                          "--log-every", "4"}) {
+      argv.push_back(a);
+    }
+    argv.push_back("--out-dir");
+    argv.push_back(path("out"));
+    return argv;
+  };
+  TestProcess n0(line(0), env());
+  ASSERT_TRUE(n0.wait_for_output("waiting on port", 30)) << n0.output_so_far();
+  TestProcess n1(line(1), env());
+  auto n2 = std::make_unique<TestProcess>(line(2), env());
+  // World 6: 16 steps an epoch. Kill host 2 in epoch 2, after epoch 1's checkpoint.
+  ASSERT_TRUE(n0.wait_for_output("epoch 2/3 step 4/16", 300)) << n0.output_so_far();
+  n2->send_signal(SIGKILL);
+  n2->wait(30);
+  // World 4: 24 steps an epoch. Host 2 comes back a few steps into round 1.
+  ASSERT_TRUE(n0.wait_for_output("/24 last 4 steps", 120)) << n0.output_so_far();
+  n2 = std::make_unique<TestProcess>(line(2), env());
+  auto r0 = n0.wait(400);
+  auto r1 = n1.wait(60);
+  auto r2 = n2->wait(60);
+  ASSERT_FALSE(r0.timed_out) << r0.out << r0.err;
+  ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
+  EXPECT_EQ(r1.exit_code, 0) << r1.err;
+  EXPECT_EQ(r2.exit_code, 0) << r2.err;
+  EXPECT_THAT(r0.err, HasSubstr("round 0: 3 node(s), world size 6"));
+  EXPECT_THAT(r0.err, HasSubstr("lost contact with node "));  // 1 or 2: ranks follow arrival
+  EXPECT_THAT(r0.err, HasSubstr("round 1: 2 node(s), world size 4"));
+  EXPECT_THAT(r0.err, HasSubstr("joined the elastic job: the workers restart with 3 nodes"));
+  EXPECT_THAT(r0.err, HasSubstr("round 2: 3 node(s), world size 6"));
+  EXPECT_THAT(r0.out, HasSubstr("--resume: world size 4 where the checkpoint's run had 6"));
+  EXPECT_THAT(r0.out, HasSubstr("epoch 3/3: train loss"));
+  EXPECT_EQ(lines_with(r0.out, "parameters identical on all 6 ranks").size(), 1u) << r0.out;
   expect_no_survivors();
 #endif
 }
