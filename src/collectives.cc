@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "collective_args.h"
 #include "compat/torch_compat.h"
 #include "ddp/error.h"
 #include "tensor_text.h"
@@ -21,82 +22,18 @@ namespace {
 // (a documented precondition), so all ranks skip the exchange together:
 // all_gather, gather and scatter of empty tensors complete locally.
 
+using detail::check_avg;
+using detail::check_root;
+using detail::check_tensor;
+using detail::empty_likes;
+using detail::on_group_device;
+using detail::staged;
 using detail::start_work;
+using detail::to_c10d;
+using detail::widen_bfloat16;
 using std::chrono::milliseconds;
 
-// Note [Staging on NCCL]
-// NCCL moves CUDA tensors only, and PyTorch refuses anything else on a NCCL
-// group. ddp's collectives take CPU tensors there too: such a tensor is
-// copied to the group's device (ProcessGroup::device()), the collective runs
-// there, and the result is copied back once the collective has completed
-// on the host's watch (WorkImpl::then_on_host), so the wait stays bounded
-// by the timeout. ddp's own small collectives (metrics, join's count, the
-// string helpers, checkpoint outcomes, the bucket rebuild) rely on it. It
-// costs a copy each way: give large tensors on the device. A CUDA tensor on
-// another GPU than the group's is refused.
-bool staged(const detail::ProcessGroupImpl& g, const at::Tensor& t) {
-  return g.backend_name == "nccl" && !t.is_cuda();
-}
-
-at::Tensor on_group_device(const detail::ProcessGroupImpl& g, const at::Tensor& t) {
-  return staged(g, t) ? t.to(g.device) : t;
-}
-
-void check_tensor(const at::Tensor& t, const char* op, const char* what,
-                  const CollectiveOptions& options) {
-  if (!t.defined()) {
-    throw InvalidArgument(fmt::format("{}: {} is an undefined tensor", op, what));
-  }
-  if (!t.is_contiguous()) {
-    throw InvalidArgument(fmt::format(
-        "{}: {} must be contiguous (call .contiguous() first)", op, what));
-  }
-  const detail::ProcessGroupImpl& g = detail::resolve_group(options).impl();
-  if (g.backend_name == "nccl" && t.is_cuda() && t.device() != g.device) {
-    throw InvalidArgument(fmt::format(
-        "{}: {} is on {}, but this rank's NCCL group uses {} (InitOptions::device_id, "
-        "cuda:LOCAL_RANK by default); move it there with .to({})",
-        op, what, t.device().str(), g.device.str(), g.device.str()));
-  }
-}
-
-void check_root(int root, const char* op, const char* name,
-                const CollectiveOptions& options) {
-  int size = detail::resolve_group(options).size();
-  if (root < 0 || root >= size) {
-    throw InvalidArgument(fmt::format("{}: {}={} is not a rank of the group (size {})",
-                                      op, name, root, size));
-  }
-}
-
-c10d::ReduceOp to_c10d(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::SUM:
-    case ReduceOp::AVG: return c10d::ReduceOp::SUM;
-    case ReduceOp::MIN: return c10d::ReduceOp::MIN;
-    case ReduceOp::MAX: return c10d::ReduceOp::MAX;
-    case ReduceOp::PRODUCT: return c10d::ReduceOp::PRODUCT;
-  }
-  throw InvalidArgument("unknown ReduceOp");
-}
-
-void check_avg(const at::Tensor& t, ReduceOp op, const char* name) {
-  if (op == ReduceOp::AVG && !at::isFloatingType(t.scalar_type()) &&
-      !at::isComplexType(t.scalar_type())) {
-    throw InvalidArgument(fmt::format(
-        "{}: ReduceOp::AVG needs a floating-point tensor, got {}; use SUM "
-        "and divide, or convert first",
-        name, detail::dtype_name(t.scalar_type())));
-  }
-}
-
 Work wrap(std::shared_ptr<detail::WorkImpl> w) { return Work(std::move(w)); }
-
-std::vector<at::Tensor> empty_likes(const at::Tensor& t, int n) {
-  std::vector<at::Tensor> out;
-  for (int i = 0; i < n; ++i) out.push_back(at::empty_like(t));
-  return out;
-}
 
 }  // namespace
 
@@ -118,13 +55,6 @@ const char* to_string(ReduceOp op) {
 // operation completes. Every bfloat16 value is exact in float32, so the
 // result is the sum rounded once (at least as accurate as a bfloat16 sum);
 // the bytes on the wire are float32's.
-namespace {
-bool widen_bfloat16(detail::ProcessGroupImpl& group, const at::Tensor& t, ReduceOp op) {
-  return t.scalar_type() == at::kBFloat16 && group.backend_name == "gloo" &&
-         !compat::gloo_reduces_bfloat16() &&
-         !(group.shm && shm::ShmGroup::supports(t, to_c10d(op)));
-}
-}  // namespace
 
 Work all_reduce_async(at::Tensor& tensor, ReduceOp op,
                       const CollectiveOptions& options) {

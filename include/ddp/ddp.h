@@ -6,6 +6,8 @@
 //   process_group.h             init_process_group, ranks, default group
 //   env.h                       launch environment (torchrun, SLURM, MPI)
 //   collectives.h               all_reduce, broadcast, all_gather, ...
+//   collectives_sharding.h      reduce_scatter_tensor, all_gather_into_tensor,
+//                               all_to_all_single, all_to_all
 //   distributed_sampler.h       DistributedSampler (PyTorch's indices)
 //   distributed_data_parallel.h DistributedDataParallel, no_sync, stats
 //   comm_hooks.h                comm hooks (fp16/bf16 compression, your own)
@@ -34,6 +36,7 @@
 #include "ddp/autocast.h"
 #include "ddp/checkpoint.h"
 #include "ddp/collectives.h"
+#include "ddp/collectives_sharding.h"
 #include "ddp/comm_hooks.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/distributed_sampler.h"
