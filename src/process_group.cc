@@ -232,6 +232,10 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
   impl->address = r.address;
   impl->timeout = options.timeout;
   impl->store = r.store;
+  impl->publish_store = r.publish_store;
+  impl->gloo_address = r.gloo_address;
+  impl->gloo_threads = options.gloo_threads;
+  impl->monitor_options = monitoring;
   try {
     impl->backend =
         options.backend == "nccl"

@@ -29,9 +29,23 @@ struct ProcessGroupImpl {
   std::string address;  // rendezvous address, for messages
   std::chrono::milliseconds timeout{kDefaultTimeout};
   c10::intrusive_ptr<c10d::Store> store;  // the group's (prefixed) store
+  // What new_group needs to make subgroups like this group (subgroup.cc):
+  // the stall inspector's second store connection (null: `store`), Gloo's
+  // local address and threads, the monitor's options, and the count of
+  // new_group calls so far (every rank makes them in the same order).
+  c10::intrusive_ptr<c10d::Store> publish_store;
+  std::string gloo_address;
+  int gloo_threads = 2;
+  MonitorOptions monitor_options;
+  std::atomic<uint64_t> next_subgroup{0};
+  // A subgroup this rank is not in (new_group): rank is -1 and every
+  // collective throws InvalidArgument with this message.
+  std::string not_member;
   c10::intrusive_ptr<compat::Backend> backend;
   // Number of collectives started on this group; each gets the next one.
   std::atomic<uint64_t> next_seq{0};
+  // Sends and receives, numbered apart (point_to_point.cc).
+  std::atomic<uint64_t> next_p2p_seq{0};
   // Stall inspector and debug-mode check (null for a group of one).
   std::unique_ptr<CollectiveMonitor> monitor;
   // Flight recorder (ddp/flight_recorder.h; null when turned off).

@@ -104,11 +104,13 @@ c10::intrusive_ptr<c10d::Work> backend_broadcast(ProcessGroupImpl& group,
 }
 
 ProcessGroupPtr resolve_group_ptr(const CollectiveOptions& options) {
-  return options.group ? options.group : default_group();
+  ProcessGroupPtr g = options.group ? options.group : default_group();
+  if (g->impl().rank < 0) throw InvalidArgument(g->impl().not_member);  // new_group
+  return g;
 }
 
 ProcessGroup& resolve_group(const CollectiveOptions& options) {
-  return options.group ? *options.group : *default_group();
+  return *resolve_group_ptr(options);
 }
 
 std::shared_ptr<WorkImpl> start_work(
@@ -156,12 +158,41 @@ std::shared_ptr<WorkImpl> start_work(
   return w;
 }
 
+std::shared_ptr<WorkImpl> start_point_to_point(
+    const CollectiveOptions& options, const std::string& op,
+    const std::function<c10::intrusive_ptr<c10d::Work>(
+        compat::Backend&, std::chrono::milliseconds)>& start) {
+  ProcessGroupPtr group = resolve_group_ptr(options);
+  ProcessGroupImpl& g = group->impl();
+  auto timeout = options.timeout.value_or(g.timeout);
+  if (timeout.count() <= 0) {
+    throw InvalidArgument(fmt::format(
+        "{}: CollectiveOptions::timeout must be > 0 (got {} ms)", op, timeout.count()));
+  }
+  auto w = std::make_shared<WorkImpl>();
+  w->group = group;
+  w->collective = false;
+  w->seq = g.next_p2p_seq++;
+  w->what = fmt::format("{} (point-to-point #{}) on rank {} of {} ({})", op, w->seq, g.rank,
+                        g.size, g.backend_name);
+  w->in_call = in_call();
+  w->advice = current_call_advice();
+  w->timeout = timeout;
+  w->on_device = g.backend_name == "nccl";
+  try {
+    w->work = start(*g.backend, timeout);
+  } catch (...) {
+    rethrow_as_comm_error(w->what);
+  }
+  return w;
+}
+
 // Waits in slices of the stall-warning threshold: each slice that expires
 // logs who has not reached this collective (Note [Progress publication]);
 // the timeout raises with the same facts.
 void WorkImpl::wait_with_stall_reports() {
   if (!work) return;
-  CollectiveMonitor* monitor = group->impl().monitor.get();
+  CollectiveMonitor* monitor = monitor_or_null();
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout;
   while (true) {
@@ -214,9 +245,13 @@ bool WorkImpl::completed_within(std::chrono::steady_clock::duration slice) {
   return true;
 }
 
+CollectiveMonitor* WorkImpl::monitor_or_null() const {
+  return collective ? group->impl().monitor.get() : nullptr;
+}
+
 void WorkImpl::record_end(flight::State state, const char* reason) {
   auto& flight = group->impl().flight;
-  if (!flight) return;
+  if (!flight || !collective) return;
   flight->ended(flight_id, state);
   if (reason != nullptr) flight->note_event(event_text(reason).c_str());
 }
@@ -225,7 +260,7 @@ void WorkImpl::record_end(flight::State state, const char* reason) {
 // [Last words]), they name the cause; ranks out of step are a MismatchError
 // here too, so every rank reports the same thing.
 std::exception_ptr WorkImpl::with_last_words(const CommError& e) const {
-  CollectiveMonitor* monitor = group->impl().monitor.get();
+  CollectiveMonitor* monitor = monitor_or_null();
   std::string notes = monitor ? monitor->fatal_notes(std::chrono::milliseconds(1500)) : "";
   if (notes.empty()) return std::make_exception_ptr(e);
   if (notes.find("the ranks are out of step") != std::string::npos) {
@@ -237,7 +272,7 @@ std::exception_ptr WorkImpl::with_last_words(const CommError& e) const {
 
 // A backend timeout, with who had not arrived (when not already said).
 std::string WorkImpl::with_stall_report(const std::string& message) const {
-  CollectiveMonitor* monitor = group->impl().monitor.get();
+  CollectiveMonitor* monitor = monitor_or_null();
   if (!monitor || message.find("has not reached it") != std::string::npos) return message;
   std::string report = monitor->stall_report(seq);
   return report.empty() ? message : message + ". " + report;
@@ -274,7 +309,7 @@ void WorkImpl::finish_with_error() {
   }
   finished = true;
   done.store(true);
-  if (auto* monitor = group->impl().monitor.get()) monitor->finished(seq);
+  if (auto* monitor = monitor_or_null()) monitor->finished(seq);
 }
 
 // The stream half of a device operation (Note [Device waits]): c10d's wait()
@@ -314,7 +349,7 @@ void WorkImpl::wait() {
       record_end(flight::State::kCompleted, nullptr);
       finished = true;
       done.store(true);
-      if (auto* monitor = group->impl().monitor.get()) monitor->finished(seq);
+      if (auto* monitor = monitor_or_null()) monitor->finished(seq);
     } catch (...) {
       finish_with_error();
     }

@@ -66,6 +66,11 @@ struct WorkImpl {
   uint64_t flight_id = 0;      // the flight recorder's entry (when it has one)
   bool stall_noted = false;    // a stall was noted in the flight record; guarded by mu
 
+  // Numbered among the group's collectives, with the stall inspector,
+  // debug-mode checks and a flight record; false for point-to-point
+  // operations (Note [Point-to-point numbering] in point_to_point.cc).
+  bool collective = true;
+
   // The operation runs on a device (CUDA tensors, NCCL): c10d's wait()
   // only makes the calling thread's current stream wait for it (Note
   // [Device waits]).
@@ -90,6 +95,7 @@ struct WorkImpl {
 
  private:
   void wait_with_stall_reports();
+  CollectiveMonitor* monitor_or_null() const;  // null for point-to-point
   // Bounded polling of a device operation's completion (Note [Device waits]).
   bool completed_within(std::chrono::steady_clock::duration slice);
   void finish_with_error();
@@ -125,6 +131,14 @@ std::shared_ptr<WorkImpl> start_work(
     const std::function<c10::intrusive_ptr<c10d::Work>(
         compat::Backend&, std::chrono::milliseconds)>& start,
     const std::function<std::string()>& fingerprint = nullptr);
+
+// Starts a send or receive (point_to_point.h): as start_work, but numbered
+// apart from the collectives (Note [Point-to-point numbering]), without the
+// stall inspector, debug checks or flight record, bounded by its timeout.
+std::shared_ptr<WorkImpl> start_point_to_point(
+    const CollectiveOptions& options, const std::string& op,
+    const std::function<c10::intrusive_ptr<c10d::Work>(
+        compat::Backend&, std::chrono::milliseconds)>& start);
 
 // The group `options` names, or the default group.
 ProcessGroup& resolve_group(const CollectiveOptions& options);

@@ -8,6 +8,8 @@
 //   collectives.h               all_reduce, broadcast, all_gather, ...
 //   collectives_sharding.h      reduce_scatter_tensor, all_gather_into_tensor,
 //                               all_to_all_single, all_to_all
+//   point_to_point.h            send, recv, isend, irecv, batch_isend_irecv
+//   subgroup.h                  new_group(ranks)
 //   distributed_sampler.h       DistributedSampler (PyTorch's indices)
 //   distributed_data_parallel.h DistributedDataParallel, no_sync, stats
 //   comm_hooks.h                comm hooks (fp16/bf16 compression, your own)
@@ -37,6 +39,7 @@
 #include "ddp/checkpoint.h"
 #include "ddp/collectives.h"
 #include "ddp/collectives_sharding.h"
+#include "ddp/point_to_point.h"
 #include "ddp/comm_hooks.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/distributed_sampler.h"
@@ -51,5 +54,6 @@
 #include "ddp/powersgd.h"
 #include "ddp/process_group.h"
 #include "ddp/state_dict.h"
+#include "ddp/subgroup.h"
 #include "ddp/sync_batchnorm.h"
 #include "ddp/zero_redundancy_optimizer.h"
