@@ -54,8 +54,8 @@ inline constexpr const char* kHelpRunId =
     "the same. Default none";
 inline constexpr const char* kHelpRole = "ROLE_NAME of the workers. Default default";
 inline constexpr const char* kHelpRdzvBackend =
-    "Accepted for torchrun scripts: static or c10d (ddprun rendezvouses the "
-    "same way for both)";
+    "static (each node passes --node-rank) or c10d (the same line on every "
+    "node: node ranks assigned as nodes arrive; needed for --nnodes MIN:MAX)";
 inline constexpr const char* kHelpRdzvEndpoint =
     "host:port; sets --master-addr and --master-port";
 inline constexpr const char* kHelpRdzvConf =
