@@ -14,11 +14,13 @@
 #include <gtest/gtest.h>
 
 #include "ddp/error.h"
+#include "support/expect_error.h"
 #include "support/thread_world.h"
 
 namespace ddp {
 namespace {
 
+using testing::expect_error;
 using testing::message_of;
 using testing::run_ranks;
 using testing::run_ranks_collect;
@@ -172,14 +174,6 @@ bool mentions(const std::exception_ptr& e, const std::string& text) {
 TEST(Sharding, BadArgumentsAreNamedBeforeAnythingMoves) {
   run_ranks(3, [](int r) {
     at::Tensor out = at::empty({4});
-    auto expect_error = [](const std::function<void()>& f, const std::string& text) {
-      try {
-        f();
-        ADD_FAILURE() << "accepted; expected: " << text;
-      } catch (const InvalidArgument& e) {
-        EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-      }
-    };
     expect_error([&] { reduce_scatter_tensor(out, at::ones({11})); },
                  "reduce_scatter_tensor: input is float32[11] (11 elements), but output is "
                  "float32[4]: input must hold world_size (3) times output's 4 elements (12)");

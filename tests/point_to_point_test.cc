@@ -13,11 +13,13 @@
 #include "ddp/error.h"
 #include "ddp/point_to_point.h"
 #include "ddp/subgroup.h"
+#include "support/expect_error.h"
 #include "support/thread_world.h"
 
 namespace ddp {
 namespace {
 
+using testing::expect_error;
 using testing::message_of;
 using testing::run_ranks;
 using testing::run_ranks_collect;
@@ -125,14 +127,6 @@ TEST(PointToPoint, ARecvNobodyAnswersTimesOutNamingThePeer) {
 TEST(PointToPoint, BadPeersAreNamed) {
   run_ranks(2, [](int r) {
     at::Tensor t = at::ones({2});
-    auto expect_error = [](const std::function<void()>& f, const std::string& text) {
-      try {
-        f();
-        ADD_FAILURE() << "accepted; expected: " << text;
-      } catch (const InvalidArgument& e) {
-        EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-      }
-    };
     expect_error([&] { send(t, r); }, "send: dst=" + std::to_string(r) + " is this rank itself");
     expect_error([&] { send(t, 2); }, "send: dst=2 is not a rank of the group (size 2)");
     expect_error([&] { recv(t, -3); }, "recv: src=-3 is not a rank of the group");
@@ -206,17 +200,10 @@ TEST(Subgroup, ShardingAndPointToPointOnASubgroupOfASubgroup) {
 
 TEST(Subgroup, BadRanksAreNamed) {
   run_ranks(2, [](int) {
-    auto expect_error = [](const std::vector<int>& ranks, const std::string& text) {
-      try {
-        new_group(ranks);
-        ADD_FAILURE() << "accepted; expected: " << text;
-      } catch (const InvalidArgument& e) {
-        EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-      }
-    };
-    expect_error({}, "new_group: ranks is empty");
-    expect_error({0, 2}, "new_group: rank 2 is not a rank of the parent group (size 2)");
-    expect_error({1, 1}, "new_group: rank 1 is given twice");
+    expect_error([] { new_group({}); }, "new_group: ranks is empty");
+    expect_error([] { new_group({0, 2}); },
+                 "new_group: rank 2 is not a rank of the parent group (size 2)");
+    expect_error([] { new_group({1, 1}); }, "new_group: rank 1 is given twice");
   });
 }
 

@@ -155,6 +155,25 @@ class NetnsTest : public LauncherTest {
     return argv;
   }
 
+#ifdef DDP_TRAIN_PATH
+  // One node of an elastic job (--nnodes `nnodes`, the c10d rendezvous at
+  // `endpoint`) in namespace `ns`: 3 epochs of ddp-train --resume on
+  // `samples` images into path("out").
+  std::vector<std::string> elastic_training(const std::string& ns, const std::string& nnodes,
+                                            const std::string& endpoint,
+                                            const std::string& last_call,
+                                            const std::string& samples) const {
+    return {ip_path(), "netns", "exec", ns, DDPRUN_PATH, "--nnodes=" + nnodes,
+            "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint,
+            "--rdzv-id=elastic-job", "--grace-period=3",
+            "--rdzv-conf=join_timeout=60,keep_alive_interval=1,keep_alive_max_attempt=5,"
+            "last_call_timeout=" + last_call,
+            DDP_TRAIN_PATH, "--resume", "--epochs", "3", "--train-samples", samples,
+            "--test-samples", "512", "--no-plot", "--timeout", "20", "--log-every", "4",
+            "--out-dir", path("out")};
+  }
+#endif
+
   // shm_ranks: the ranks sharing memory on each node (2: both paths, shared
   // memory on the node and Gloo between the nodes; 4: one host).
   static void expect_sums(const ProcessResult& r, int first_rank, int steps, int shm_ranks = 2) {
@@ -256,21 +275,7 @@ TEST_F(NetnsTest, ElasticTrainingSurvivesALostHost) {
   NamespacePair net;
   if (!net.why_not().empty()) GTEST_SKIP() << net.why_not();
   auto line = [&](int i) {
-    std::vector<std::string> argv{ip_path(), "netns", "exec", net.ns(i), DDPRUN_PATH,
-                                  "--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                                  "--rdzv-endpoint=10.77.0.1:29500", "--rdzv-id=elastic-job",
-                                  "--grace-period=3",
-                                  "--rdzv-conf=join_timeout=60,last_call_timeout=5,"
-                                  "keep_alive_interval=1,keep_alive_max_attempt=5",
-                                  DDP_TRAIN_PATH};
-    for (const char* a : {"--resume", "--epochs", "3", "--train-samples", "4096",
-                          "--test-samples", "512", "--no-plot", "--timeout", "20",
-                          "--log-every", "4"}) {
-      argv.push_back(a);
-    }
-    argv.push_back("--out-dir");
-    argv.push_back(path("out"));
-    return argv;
+    return elastic_training(net.ns(i), "1:2", "10.77.0.1:29500", "5", "4096");
   };
   TestProcess n0(line(0), env());
   ASSERT_TRUE(n0.wait_for_output("waiting on port", 30)) << n0.output_so_far();
@@ -307,21 +312,7 @@ TEST_F(NetnsTest, ElasticTrainingOnThreeHostsLosesOneAndTakesItBack) {
   NamespaceBridge net(3);
   if (!net.why_not().empty()) GTEST_SKIP() << net.why_not();
   auto line = [&](int i) {
-    std::vector<std::string> argv{ip_path(), "netns", "exec", net.ns(i), DDPRUN_PATH,
-                                  "--nnodes=2:3", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                                  "--rdzv-endpoint=" + NamespaceBridge::addr(0) + ":29500",
-                                  "--rdzv-id=three-hosts", "--grace-period=3",
-                                  "--rdzv-conf=join_timeout=60,last_call_timeout=3,"
-                                  "keep_alive_interval=1,keep_alive_max_attempt=5",
-                                  DDP_TRAIN_PATH};
-    for (const char* a : {"--resume", "--epochs", "3", "--train-samples", "6144",
-                          "--test-samples", "512", "--no-plot", "--timeout", "20",
-                          "--log-every", "4"}) {
-      argv.push_back(a);
-    }
-    argv.push_back("--out-dir");
-    argv.push_back(path("out"));
-    return argv;
+    return elastic_training(net.ns(i), "2:3", NamespaceBridge::addr(0) + ":29500", "3", "6144");
   };
   TestProcess n0(line(0), env());
   ASSERT_TRUE(n0.wait_for_output("waiting on port", 30)) << n0.output_so_far();
