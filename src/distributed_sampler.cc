@@ -107,20 +107,35 @@ DistributedSamplerOptions resolve_distributed_sampler_options(
 std::vector<int64_t> distributed_sampler_indices(
     int64_t dataset_size, const DistributedSamplerOptions& options,
     int64_t epoch) {
+  return distributed_sampler_indices_after(dataset_size, options, epoch, 0);
+}
+
+std::vector<int64_t> distributed_sampler_indices_after(
+    int64_t dataset_size, const DistributedSamplerOptions& options,
+    int64_t epoch, int64_t consumed) {
   const DistributedSamplerOptions o =
       resolve_distributed_sampler_options(options);
+  check_dataset_size(dataset_size);
+  if (consumed < 0 || (consumed > 0 && consumed >= dataset_size)) {
+    throw InvalidArgument(fmt::format(
+        "DistributedSampler: consumed = {} is outside [0, dataset_size = {}): "
+        "pass how many positions of the epoch's order were trained on (a "
+        "finished epoch has nothing left: start the next one)",
+        consumed, dataset_size));
+  }
   const int64_t world = *o.num_replicas;
-  const int64_t num_samples =
-      distributed_sampler_num_samples(dataset_size, world, o.drop_last);
+  const int64_t num_samples = distributed_sampler_num_samples(
+      dataset_size - consumed, world, o.drop_last);
   const int64_t total_size = num_samples * world;
   const std::vector<int64_t> order =
       epoch_order(dataset_size, o.shuffle, o.seed, epoch);
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(num_samples));
   // Padding repeats the order from its start: position p holds
-  // order[p % N]. With drop_last total_size <= N, so p % N == p. N > 0
+  // order[p % N]. With drop_last consumed + total_size <= N. N > 0
   // whenever total_size > 0.
-  for (int64_t pos = *o.rank; pos < total_size; pos += world) {
+  for (int64_t pos = consumed + *o.rank; pos < consumed + total_size;
+       pos += world) {
     mine.push_back(order[static_cast<size_t>(pos % dataset_size)]);
   }
   return mine;

@@ -300,6 +300,76 @@ TEST(DistributedSamplerCoverage, UnionOverRanksIsTheDatasetPlusPadding) {
   }
 }
 
+// A resume after k full batches of b on W ranks, on the same world: each
+// rank's rest equals the tail of its uninterrupted list.
+TEST(DistributedSamplerResume, SameWorldContinuesEachRanksList) {
+  for (int64_t n : {1, 7, 10, 17, 100}) {
+    for (int64_t w : {1, 2, 3, 4}) {
+      for (bool drop : {false, true}) {
+        const int64_t per = distributed_sampler_num_samples(n, w, drop);
+        for (int64_t b : {1, 2, 3}) {
+          for (int64_t k = 0; k * b < per; ++k) {
+            const std::string at = "N=" + std::to_string(n) + " W=" + std::to_string(w) +
+                                   " b=" + std::to_string(b) + " k=" + std::to_string(k) +
+                                   " drop_last=" + std::to_string(drop);
+            for (int64_t r = 0; r < w; ++r) {
+              DistributedSamplerOptions o{w, r, true, 9, drop};
+              const Indices whole = distributed_sampler_indices(n, o, 4);
+              EXPECT_EQ(distributed_sampler_indices_after(n, o, 4, k * b * w),
+                        Indices(whole.begin() + k * b, whole.end()))
+                  << at << " rank " << r;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// On another world: what W ranks trained (k batches of b each) and what the
+// W2 ranks are given afterwards cover the dataset once, apart from fewer than
+// W2 padding repeats; every new rank gets as many samples.
+TEST(DistributedSamplerResume, AnotherWorldCoversTheRestOnce) {
+  for (int64_t n : {5, 17, 100}) {
+    for (int64_t w : {1, 2, 3}) {
+      for (int64_t w2 : {1, 2, 4, 5}) {
+        const int64_t b = 2;
+        const int64_t per = distributed_sampler_num_samples(n, w, false);
+        for (int64_t k = 0; k * b < per; ++k) {
+          const std::string at = "N=" + std::to_string(n) + " W=" + std::to_string(w) +
+                                 " W2=" + std::to_string(w2) + " k=" + std::to_string(k);
+          std::multiset<int64_t> seen;
+          for (int64_t r = 0; r < w; ++r) {
+            const Indices whole = distributed_sampler_indices(n, {w, r, true, 3, false}, 1);
+            seen.insert(whole.begin(), whole.begin() + k * b);
+          }
+          const int64_t consumed = k * b * w;
+          const int64_t each = (n - consumed + w2 - 1) / w2;
+          std::multiset<int64_t> rest;
+          for (int64_t r = 0; r < w2; ++r) {
+            const Indices mine = distributed_sampler_indices_after(n, {w2, r, true, 3, false}, 1,
+                                                                   consumed);
+            ASSERT_EQ(static_cast<int64_t>(mine.size()), each) << at;
+            rest.insert(mine.begin(), mine.end());
+          }
+          std::set<int64_t> all(seen.begin(), seen.end());
+          all.insert(rest.begin(), rest.end());
+          EXPECT_EQ(static_cast<int64_t>(all.size()), n) << at;
+          EXPECT_EQ(static_cast<int64_t>(seen.size() + rest.size()), consumed + each * w2) << at;
+          EXPECT_LT(each * w2 - (n - consumed), w2) << at;
+        }
+      }
+    }
+  }
+  // The arithmetic spelled out once: N=10, 2 ranks did one batch of 2
+  // (positions 0..3 of the order); 3 ranks share positions 4..9.
+  const Indices order = distributed_sampler_indices(10, {1, 0, true, 3, false}, 1);
+  EXPECT_EQ(distributed_sampler_indices_after(10, {3, 1, true, 3, false}, 1, 4),
+            (Indices{order[5], order[8]}));
+  EXPECT_EQ(distributed_sampler_indices_after(10, {4, 3, true, 3, false}, 1, 4),
+            (Indices{order[7], order[1]}));  // padding from the epoch's start
+}
+
 TEST(DistributedSamplerCoverage, DefaultsComeFromTheProcessGroup) {
   std::vector<Indices> got(3);
   std::vector<int64_t> ranks(3, -1), worlds(3, -1);
@@ -380,6 +450,10 @@ TEST(DistributedSamplerErrors, MessagesNameTheValues) {
   torch::serialize::InputArchive in;
   in.load_from(bytes);
   expect_invalid([&] { s.load(in); }, "key 'dataset_size' missing from the archive");
+  expect_invalid([] { distributed_sampler_indices_after(10, {2, 0}, 0, 10); },
+                 "consumed = 10 is outside [0, dataset_size = 10)");
+  expect_invalid([] { distributed_sampler_indices_after(10, {2, 0}, 0, -1); },
+                 "consumed = -1 is outside");
 }
 
 }  // namespace

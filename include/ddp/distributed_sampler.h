@@ -90,6 +90,24 @@ std::vector<int64_t> distributed_sampler_indices(
     int64_t dataset_size, const DistributedSamplerOptions& options,
     int64_t epoch);
 
+// Mid-epoch resume, on the same or another world size: rank options.rank's
+// indices for the rest of an epoch whose first `consumed` positions of the
+// epoch's order (step 1 above) were trained on already. The remaining
+// positions [consumed, N) are shared out as steps 2-4 share out [0, N):
+// num_samples(N - consumed, W, drop_last) per rank, padding continuing at
+// position N (order[p % N], so the padding repeats the epoch's first
+// samples, as PyTorch's does), rank r taking consumed + r, consumed + r + W,
+// ... With consumed = 0 this is distributed_sampler_indices. After k full
+// batches of b samples on each of W ranks, consumed grows by k * b * W;
+// when consumed is a multiple of W (any resume on the world size that
+// consumed them) rank r's list equals the tail of its uninterrupted one.
+// PyTorch's sampler has no such entry point (torchdata's stateful sampler
+// resumes on the same world size only). Throws as distributed_sampler_indices,
+// and InvalidArgument when consumed is outside [0, dataset_size).
+std::vector<int64_t> distributed_sampler_indices_after(
+    int64_t dataset_size, const DistributedSamplerOptions& options,
+    int64_t epoch, int64_t consumed);
+
 // How many of rank options.rank's num_samples are real samples rather than
 // padding repeats (the first ones; the rest are padding). Equal to
 // num_samples with drop_last or when W divides N; sums to dataset_size over

@@ -24,9 +24,10 @@ const char* kData = "/usr/share/datasets/fashion-mnist";
 
 bool have_data() { return std::ifstream(std::string(kData) + "/train-images-idx3-ubyte.gz").good(); }
 
-// 2 ranks, 3840 training images: 30 steps of 2 x 64 per epoch.
-ProcessResult train(const std::string& out, std::vector<std::string> extra) {
-  std::vector<std::string> argv = {DDPRUN_PATH, "--standalone", "--nproc-per-node", "2",
+// `nproc` ranks (2: 30 steps of 2 x 64 per epoch of 3840 training images).
+ProcessResult train(const std::string& out, std::vector<std::string> extra, int nproc = 2) {
+  std::vector<std::string> argv = {DDPRUN_PATH, "--standalone", "--nproc-per-node",
+                                   std::to_string(nproc),
                                    DDP_TRAIN_PATH, "--out-dir", out, "--train-samples", "3840",
                                    "--test-samples", "1000", "--epochs", "2", "--log-every", "10",
                                    "--timeout", "120"};
@@ -106,7 +107,9 @@ TEST_F(DdpTrain, ResumeInsideAnEpochEndsLikeAnUninterruptedRun) {
   ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
   ProcessResult second = train(dir_ + "/split", {"--no-plot", "--resume"});
   ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
-  EXPECT_EQ(lines_with(second.out, "(epoch 1, step 45, 15 batches into the epoch)").size(), 1u)
+  EXPECT_EQ(lines_with(second.out, "(epoch 1, step 45, 1920 of the epoch's 3840 samples done)")
+                .size(),
+            1u)
       << second.out;
   Checkpoint a = load_checkpoint(*latest_checkpoint_path(dir_ + "/full/checkpoints"));
   Checkpoint b = load_checkpoint(*latest_checkpoint_path(dir_ + "/split/checkpoints"));
@@ -117,6 +120,47 @@ TEST_F(DdpTrain, ResumeInsideAnEpochEndsLikeAnUninterruptedRun) {
   ASSERT_EQ(a.model.size(), b.model.size());
   for (size_t i = 0; i < a.model.size(); ++i) {
     EXPECT_TRUE(a.model[i].value().equal(b.model[i].value())) << a.model[i].key();
+  }
+}
+
+// Note [Resuming inside an epoch]: 2 ranks stop 15 batches into epoch 2
+// (1920 of its 3840 samples); resumed on 4 ranks, which take 15 batches per
+// epoch, the other 1920 samples are shared out as 8 batches of 64 on each
+// (the last one 32) and training ends (ddp-train once skipped the 15
+// batches it counted, found nothing left and failed every round). A
+// checkpoint of an older ddp-train (epoch_batches, no epoch_samples) means
+// the same samples: batches on the world size its record names.
+TEST_F(DdpTrain, ResumeInsideAnEpochOnALargerWorldTrainsTheRestOfTheEpoch) {
+  ProcessResult first = train(dir_ + "/grow", {"--no-plot", "--max-steps", "45"});
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  const std::string path = *latest_checkpoint_path(dir_ + "/grow/checkpoints");
+  Checkpoint older = load_checkpoint(path);
+  EXPECT_EQ(older.metadata.at("epoch_samples"), "1920");
+  older.metadata.erase("epoch_samples");
+  older.metadata["epoch_batches"] = "15";
+  for (const Checkpoint* as : std::vector<const Checkpoint*>{nullptr, &older}) {
+    const std::string dir = dir_ + (as != nullptr ? "/older" : "/grow");
+    if (as != nullptr) {
+      std::filesystem::create_directories(dir + "/checkpoints");
+      std::ofstream(dir + "/checkpoints/" + std::filesystem::path(path).filename().string(),
+                    std::ios::binary)
+          << detail::serialize_checkpoint(*as);
+    }
+    ProcessResult second = train(dir, {"--no-plot", "--resume"}, 4);
+    ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
+    EXPECT_EQ(lines_with(second.out, "world size 4 where the checkpoint's run had 2").size(), 1u)
+        << second.out;
+    EXPECT_EQ(lines_with(second.out, "(epoch 1, step 45, 1920 of the epoch's 3840 samples done)")
+                  .size(),
+              1u)
+        << second.out;
+    EXPECT_EQ(lines_with(second.out, "epoch 2/2: train loss").size(), 1u) << second.out;
+    EXPECT_EQ(lines_with(second.out, "parameters identical on all 4 ranks").size(), 1u)
+        << second.out;
+    const Checkpoint done = load_checkpoint(*latest_checkpoint_path(dir + "/checkpoints"));
+    EXPECT_EQ(done.epoch, 2);
+    EXPECT_EQ(done.step, 53);  // 45 + 8
+    EXPECT_EQ(done.metadata.at("epoch_samples"), "0");
   }
 }
 
@@ -262,12 +306,12 @@ TEST_F(DdpTrain, ResumeFromBadMetadataNamesTheKeyAndTheFile) {
   ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
   const std::string path = *latest_checkpoint_path(dir_ + "/bad/checkpoints");
   Checkpoint c = load_checkpoint(path);
-  c.metadata["epoch_batches"] = "many";
+  c.metadata["epoch_samples"] = "many";
   std::ofstream(path, std::ios::binary | std::ios::trunc) << detail::serialize_checkpoint(c);
   ProcessResult second = train(dir_ + "/bad", {"--no-plot", "--epochs", "1", "--resume"});
   EXPECT_NE(second.exit_code, 0) << second.out << second.err;
   const std::string all = second.out + second.err;
-  EXPECT_NE(all.find("metadata 'epoch_batches' = 'many' is not a count"), std::string::npos) << all;
+  EXPECT_NE(all.find("metadata 'epoch_samples' = 'many' is not a count"), std::string::npos) << all;
   EXPECT_NE(all.find(std::filesystem::path(path).filename().string() + "': metadata"),
             std::string::npos)
       << all;
@@ -290,6 +334,11 @@ TEST_F(DdpTrain, ResumeFromBadMetadataNamesTheKeyAndTheFile) {
         << said;
     EXPECT_EQ(said.find("json.exception"), std::string::npos) << said;
   }
+  const std::string beyond = resume_with("epoch_samples", "3840");
+  EXPECT_NE(beyond.find("metadata says 3840 samples of epoch 1 were done, but the epoch has 3840 "
+                        "(--train-samples)"),
+            std::string::npos)
+      << beyond;
   const std::string twice = resume_with(
       "grad_scaler", "scale=1 scale=1 scale=1 scale=1 scale=1");
   EXPECT_NE(twice.find("metadata 'grad_scaler': GradScalerState::from_string: 'scale=1 scale=1 "

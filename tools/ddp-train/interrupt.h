@@ -8,7 +8,7 @@
 // records the signal; every kAgreeEvery steps, and after each epoch's
 // checkpoint, the ranks all_reduce (MAX) what they got: once one rank has a
 // signal, all stop after the same step. Training inside an epoch then saves
-// the partial epoch as --max-steps does (the checkpoint's epoch_batches
+// the partial epoch as --max-steps does (the checkpoint's epoch_samples
 // says where to go on), rank 0 says where it stopped and how to continue,
 // draws metrics.png, and the process exits 128 + the signal, as a process
 // ended by it would. The agreement and the save take well under ddprun's

@@ -170,6 +170,16 @@ std::string compare_with_run(const Checkpoint& ckpt, json was, const TrainConfig
 
 }  // namespace
 
+int recorded_world_size(const Checkpoint& ckpt, int otherwise) {
+  auto it = ckpt.metadata.find("config");
+  if (it == ckpt.metadata.end()) return otherwise;
+  const json was = json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  if (!was.is_object() || !was.contains("world_size") || !was["world_size"].is_number_integer()) {
+    return otherwise;
+  }
+  return was["world_size"].get<int>();
+}
+
 std::string check_resume(const Checkpoint& ckpt, const TrainConfig& c, int world_size) {
   auto it = ckpt.metadata.find("config");
   if (it == ckpt.metadata.end()) {

@@ -46,6 +46,11 @@ std::string config_record(const TrainConfig& config, int world_size);
 // (the note says so).
 std::string check_resume(const Checkpoint& ckpt, const TrainConfig& config, int world_size);
 
+// The world size the checkpoint's run recorded (its "config" metadata);
+// `otherwise` when it recorded none. Call after check_resume, which refuses
+// a damaged record.
+int recorded_world_size(const Checkpoint& ckpt, int otherwise);
+
 // Rank 0: keeps the lines of metrics.jsonl of the checkpoint's past: its
 // complete epochs (1-based "epoch" <= `epochs_done`, the checkpoint's
 // epoch) up to its step ("steps" <= `step`), dropping the rest (a line of

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "ddp/ddp.h"
 #include "ddp/datasets/batch_loader.h"
@@ -75,8 +76,11 @@ struct Run {
   int64_t train_size = 0, test_size = 0;
   int start_epoch = 0;
   int64_t step = 0;
-  int64_t total_steps = 1;   // for the learning-rate schedule
-  int64_t skip_batches = 0;  // resuming inside an epoch
+  // Note [Resuming inside an epoch]: the learning-rate schedule runs on
+  // the current world's steps per epoch, and a resumed epoch starts at the
+  // epoch's order's position skip_samples.
+  int64_t steps_per_epoch = 1, total_steps = 1;
+  int64_t skip_samples = 0;
   LaunchEnv launch;  // read once the group exists (it validated them)
   bool terminal = false;
   Clock::time_point started = Clock::now();
@@ -152,7 +156,8 @@ void set_up(Run& r) {
   // only stops early, so a run stopped there and resumed follows the same
   // schedule as one that never stopped.
   const int64_t shard = (r.train_size + r.world - 1) / r.world;
-  r.total_steps = std::max<int64_t>(c.epochs * ((shard + c.batch_size - 1) / c.batch_size), 1);
+  r.steps_per_epoch = (shard + c.batch_size - 1) / c.batch_size;
+  r.total_steps = std::max<int64_t>(c.epochs * r.steps_per_epoch, 1);
   torch::manual_seed(c.seed + 1 + static_cast<uint64_t>(r.rank));  // own dropout masks
   r.terminal = broadcast_value<int>(r.rank == 0 && stdout_reaches_terminal(r.launch), 0) != 0;
   // Output and checkpoint directories: checked now on rank 0 (which writes
@@ -164,6 +169,35 @@ void set_up(Run& r) {
   if (!problem.empty()) {
     throw InvalidArgument("ddp-train: " + problem + "; choose a writable directory");
   }
+}
+
+// Note [Resuming inside an epoch]: a checkpoint written inside an epoch
+// (--max-steps, an interrupt) records how many positions of the epoch's
+// sampler order were trained on: after k batches of b on each of W ranks
+// the first k*b*W, whatever the world. The resumed run shares out the rest
+// among its own ranks (distributed_sampler_indices_after), so a resume on
+// another world size (an elastic round) neither skips nor repeats samples;
+// on the same world every rank continues its own list exactly. Counting
+// batches instead (as ddp-train once did) means other samples on another
+// world, and a count that covers the whole epoch on a larger one. The
+// schedule follows the samples too: the resumed epoch's steps take the
+// positions they have in the new world's schedule (one_cycle_lr).
+int64_t samples_into_epoch(const Run& r, const Checkpoint& ckpt) {
+  int64_t samples = 0;
+  if (ckpt.metadata.count("epoch_samples") != 0) {
+    samples = metadata_count(ckpt, "epoch_samples");
+  } else {  // written before epoch_samples: batches on the recorded world
+    samples = metadata_count(ckpt, "epoch_batches") * r.config.batch_size *
+              recorded_world_size(ckpt, r.world);
+  }
+  if (samples > 0 && samples >= r.train_size) {
+    throw InvalidArgument(fmt::format(
+        "checkpoint '{}': metadata says {} samples of epoch {} were done, but the epoch has {} "
+        "(--train-samples): was it written by another run? Resume from another checkpoint or "
+        "start without --resume",
+        ckpt.path, samples, ckpt.epoch + 1, r.train_size));
+  }
+  return samples;
 }
 
 void maybe_resume(Run& r) {
@@ -196,9 +230,10 @@ void maybe_resume(Run& r) {
   }
   r.start_epoch = static_cast<int>(ckpt->epoch);
   r.step = ckpt->step;
-  r.skip_batches = metadata_count(*ckpt, "epoch_batches");
-  print0(fmt::format("ddp-train: resumed from {} (epoch {}, step {}, {} batches into the epoch)",
-                     ckpt->path, r.start_epoch, r.step, r.skip_batches));
+  r.skip_samples = samples_into_epoch(r, *ckpt);
+  print0(fmt::format("ddp-train: resumed from {} (epoch {}, step {}, {} of the epoch's {} samples "
+                     "done)",
+                     ckpt->path, r.start_epoch, r.step, r.skip_samples, r.train_size));
   if (r.config.comm_hook.rfind("powersgd-", 0) == 0 && r.step > 0) {
     print0("ddp-train: warning: --comm-hook " + r.config.comm_hook +
            ": PowerSGD's state (error feedback, warm-start P and Q, its step count) is not in "
@@ -288,7 +323,8 @@ void inject_fault(Run& r, at::Tensor& out) {
 // One epoch of training. Returns the number of the epoch's batches done,
 // which is less than all of them when --max-steps stopped it early.
 struct EpochProgress {
-  int64_t done = 0, batches = 0;
+  int64_t done = 0, batches = 0;  // this run's batches of the epoch, per rank
+  int64_t samples = 0;            // positions of the epoch's order trained on, by any run
   int signal = 0;  // Note [Interrupted training]: agreed on inside the epoch
   bool complete() const { return done == batches; }
 };
@@ -305,11 +341,13 @@ double one_cycle_lr(double peak, int64_t step, int64_t total) {
   return cosine(peak, peak / 25 / 1e4, (s - up) / std::max(static_cast<double>(total) - up, 1.0));
 }
 
-void set_learning_rate(Run& r) {
+// `position`: the step's place in the run's schedule, epoch * steps per
+// epoch + its batch in the epoch (Note [Resuming inside an epoch]).
+void set_learning_rate(Run& r, int64_t position) {
   const TrainConfig& c = r.config;
   if (c.schedule != "onecycle") return;
   const double peak = c.scale_lr ? c.lr * r.world : c.lr;
-  const double lr = one_cycle_lr(peak, r.step, r.total_steps);
+  const double lr = one_cycle_lr(peak, position, r.total_steps);
   for (auto& group : r.optimizer->param_groups()) group.options().set_lr(lr);
 }
 
@@ -317,21 +355,21 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
   const TrainConfig& c = r.config;
   DistributedSamplerOptions so;
   so.seed = c.seed;
-  DistributedSampler sampler(r.train_size, so);
-  sampler.set_epoch(epoch);
-  sampler.reset();
-  std::vector<int64_t> indices = sampler.indices();
+  // Note [Resuming inside an epoch]: the rest of the order after skip_samples.
+  const int64_t skipped = std::exchange(r.skip_samples, 0);
+  const std::vector<int64_t> indices =
+      distributed_sampler_indices_after(r.train_size, so, epoch, skipped);
+  const int64_t global_batch = c.batch_size * r.world;
   const int64_t batches = (static_cast<int64_t>(indices.size()) + c.batch_size - 1) / c.batch_size;
-  int64_t done = std::min(r.skip_batches, batches);
-  indices.erase(indices.begin(), indices.begin() + std::min<int64_t>(done * c.batch_size, indices.size()));
-  r.skip_batches = 0;
+  const int64_t before = skipped / global_batch;  // the epoch's batches done, in this world's
+  int64_t done = 0;
   datasets::BatchLoaderOptions lo;
   lo.batch_size = c.batch_size;
   lo.workers = c.workers;
   lo.seed = c.seed;
   lo.epoch = epoch;
   lo.rank = r.rank;
-  lo.first_batch = done;  // a resumed epoch's batches keep their draws
+  lo.first_batch = before;  // a resumed epoch's batches keep their draws
   datasets::BatchLoader loader(
       [&](c10::ArrayRef<int64_t> idx, at::Generator& g) {
         datasets::Batch b = r.train_set->get_batch(idx);
@@ -339,8 +377,13 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
         return b;
       },
       indices, lo);
-  Progress progress(r.terminal, c.log_every, epoch + 1, c.epochs, batches, done);
+  Progress progress(r.terminal, c.log_every, epoch + 1, c.epochs, before + batches, before);
   Metrics epoch_m, window;  // the epoch's means, and the progress line's
+  for (Metrics* m : {&epoch_m, &window}) {  // defined even when no batch runs
+    m->add_mean("loss", 0, 0);
+    m->add_count("correct", 0);
+    m->add_count("samples", 0);
+  }
   int64_t window_steps = 0;
   int signal = 0;
   auto start = Clock::now(), window_start = start;
@@ -348,7 +391,7 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
   while (auto b = loader.next()) {
     at::Tensor x = b->data.to(r.device), y = b->target.to(r.device);
     r.optimizer->zero_grad();
-    set_learning_rate(r);
+    set_learning_rate(r, epoch * r.steps_per_epoch + before + done);
     inject_collective_fault(r);
     at::Tensor out, loss;
     {
@@ -371,11 +414,11 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
     }
     const bool stop = c.max_steps > 0 && r.step >= c.max_steps && done < batches;
     ++window_steps;
-    if (progress.due(done) || stop) {
+    if (progress.due(before + done) || stop) {
       ReducedMetrics w = window.all_reduce();
       double acc = double(w.count("correct")) / double(std::max<int64_t>(w.count("samples"), 1));
       if (r.rank == 0) {
-        progress.show(done, window_steps, w.value("loss"), acc,
+        progress.show(before + done, window_steps, w.value("loss"), acc,
                       w.count("samples") / seconds_since(window_start));
       }
       window.reset();
@@ -391,7 +434,7 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
   rec.train_loss = e.value("loss");
   rec.train_accuracy = double(e.count("correct")) / double(std::max<int64_t>(e.count("samples"), 1));
   rec.samples_per_s = double(e.count("samples")) / std::max(rec.epoch_time_s, 1e-9);
-  return {done, batches, signal};
+  return {done, batches, skipped + done * global_batch, signal};
 }
 
 // The point of data parallelism: every replica ends identical. Checked with
@@ -439,12 +482,13 @@ int threads_from_env() {
 }
 
 // The checkpoint after an epoch, or where training stopped inside one
-// (--max-steps, an interrupt): then epoch_batches says how far it got, so
-// --resume continues at the next batch. Returns its path.
+// (--max-steps, an interrupt): then epoch_samples says how far it got, so
+// --resume continues with the next samples (Note [Resuming inside an
+// epoch]). Returns its path.
 std::string save_epoch(Run& r, int epoch, const EpochProgress& p) {
   SaveOptions co;
   co.keep_last = 3;
-  co.metadata["epoch_batches"] = std::to_string(p.complete() ? 0 : p.done);
+  co.metadata["epoch_samples"] = std::to_string(p.complete() ? 0 : p.samples);
   co.metadata["config"] = config_record(r.config, r.world);
   if (r.scaler.is_enabled()) co.metadata["grad_scaler"] = r.scaler.state_dict().to_string();
   return save_checkpoint(r.config.checkpoint_dir, *r.net, r.optimizer.get(),
@@ -518,7 +562,7 @@ int run(const TrainConfig& config) {
     // A signal during the evaluation or the save: stop before the next epoch.
     if (epoch + 1 < config.epochs) {
       if (const int signal = agreed_interrupt()) {
-        return stop_interrupted(r, signal, epoch + 1, EpochProgress{0, p.batches}, saved, jsonl);
+        return stop_interrupted(r, signal, epoch + 1, EpochProgress{0, p.batches, 0}, saved, jsonl);
       }
     }
   }
