@@ -79,6 +79,7 @@ int Agent::join() {
   std::string last_error = "no answer";
   bool told = false;
   bool answered = false;  // something accepted the connection but sent no welcome
+  int unwelcomed = 0;      // such connections in a row
   while (Clock::now() < deadline) {
     int fd = connect_to(o_.master_addr, o_.master_port, 2000, last_error);
     if (fd >= 0) {
@@ -88,6 +89,13 @@ int Agent::join() {
       if (introduce(deadline)) return node_rank_;
       last_error = link_->alive() ? "no welcome from node 0" : link_->why_dead();
       link_.reset();
+      // A launcher waiting for nodes answers a hello at once (welcome or
+      // reject): twice no answer is a job that started without us (its
+      // store holds the port) or another program, neither of which changes
+      // by waiting out join_timeout.
+      if (++unwelcomed == 2) break;
+    } else {
+      unwelcomed = 0;
     }
     if (!told) {
       launcher_message(fmt::format("{}: waiting for node 0 at {}:{} ({})", self(),
@@ -108,6 +116,12 @@ int Agent::join() {
             "--rdzv-endpoint and the network"
           : "Start ddprun with --node-rank 0 there, and check --master-addr/--master-port "
             "and the network";
+  if (unwelcomed == 2) {
+    throw Error(fmt::format(
+        "{} could not join node 0 at {}:{}: twice something accepted the connection but no "
+        "launcher answered (last error: {}). {}",
+        self(), o_.master_addr, o_.master_port, last_error, way_out));
+  }
   throw TimeoutError(fmt::format(
       "{} could not join node 0 at {}:{} within join_timeout={} s (last error: {}). {}",
       self(), o_.master_addr, o_.master_port, o_.join_timeout, last_error, way_out));
@@ -176,6 +190,12 @@ void Agent::on_local_failure(const WorkerResult& root) {
   link_->send({{"type", "fail"},
                {"attempt", attempt_},
                {"report", to_json(make_failure_report(root, node_rank_))}});
+}
+
+void Agent::on_interrupt(int signal) {
+  if (link_) {
+    link_->send({{"type", "leaving"}, {"attempt", attempt_}, {"signal", signal_name(signal)}});
+  }
 }
 
 void Agent::report_exit(int round, const GroupResult& local) {

@@ -10,19 +10,24 @@
 // all; each node reports "exit" when its workers are gone; the coordinator
 // then restarts (if restarts are left and no node was lost or interrupted)
 // or sends "done". Heartbeats (keep_alive_interval, keep_alive_max_attempt)
-// detect a lost node; its peers stop their workers and exit non-zero.
+// detect a lost node; its peers stop their workers and exit non-zero. A
+// node whose launcher gets a stop signal sends "leaving" before it stops its
+// workers, so node 0 blames that node, not the ranks its loss made fail.
 //
 // Note [Elastic rounds]: with --nnodes MIN:MAX (torchrun's elastic
-// membership) the job runs in rounds. Node 0 (the host of the c10d
+// membership), and with a fixed --nnodes N whose node ranks the c10d
+// rendezvous assigns (torchrun's N:N: a lost node is replaced, not fatal),
+// the job runs in rounds. Node 0 (the host of the c10d
 // rendezvous) waits until MIN nodes are in, then up to last_call_timeout
 // for more (never more than MAX), and starts a round: every "start" carries
 // the round's number, the node's rank in it (node 0, then the others in
 // order of arrival, without gaps), the round's node count and a fresh port
 // for global rank 0's TCPStore (the listener stays open on the rendezvous
 // port, for late nodes). A node that arrives during a round, or a node that
-// is lost (its connection closes, it misses its heartbeats, or it does not
-// report within the grace period), ends the round: every node stops its
-// workers and node 0 forms the next round from the nodes it still has,
+// is lost (its connection closes, it misses its heartbeats, it does not
+// report within the grace period, or its launcher got a stop signal and
+// said it leaves), ends the round: every node stops its workers and node 0
+// forms the next round from the nodes it still has,
 // waiting again (up to join_timeout) if they are fewer than MIN. As in
 // torchrun, such a membership change does not use up --max-restarts and
 // leaves TORCHELASTIC_RESTART_COUNT as it was; a worker failure (with no
@@ -118,6 +123,7 @@ class Coordinator : public GroupController {
   void service_arrivals();
   void drop_lost_nodes();
   std::string join_timeout_message() const;
+  std::string waiting_message() const;
 
   LaunchOptions& o_;
   SignalWatch& signals_;
@@ -166,6 +172,8 @@ class Agent : public GroupController {
   std::optional<std::string> service() override;
   void on_local_failure(const WorkerResult& root) override;
   int max_sleep_ms() const override;
+  // Tells node 0 this node leaves (Note [Elastic rounds]).
+  void on_interrupt(int signal) override;
 
  private:
   bool introduce(std::chrono::steady_clock::time_point join_deadline);

@@ -76,6 +76,17 @@ void Coordinator::handle(NodeLink& link, const nlohmann::json& m) {
   if (m.value("attempt", -1) != attempt_) return;  // late news of an old attempt
   const std::string type = m.value("type", "");
   if (type == "fail" && m.contains("report")) note_failure(failure_from_json(m["report"]));
+  if (type == "leaving") {  // its launcher got a stop signal
+    const std::string why = "its launcher got " + m.value("signal", std::string("a signal"));
+    if (o_.elastic() && node_states_.emplace(link.node_rank, "left the job: " + why).second) {
+      lost_ = true;  // Note [Elastic rounds]: it leaves, the others go on
+      trigger_stop(fmt::format("node {} ({}) leaves the job: {}", link.node_rank, link.host, why));
+      link.kill(why);
+    } else {
+      trigger_stop(fmt::format("node {} ({}): {}", link.node_rank, link.host, why));
+    }
+    return;
+  }
   if (type != "exit") return;
   const std::string outcome = m.value("outcome", "?");
   node_states_.emplace(link.node_rank, outcome);

@@ -35,10 +35,13 @@ Coordinator::~Coordinator() {
 
 std::string Coordinator::join_timeout_message() const {
   const std::string same =
-      o_.rdzv_c10d ? fmt::format("--rdzv-endpoint {}:{} and --rdzv-id {}", o_.master_addr,
-                                 o_.master_port, o_.run_id)
-                   : std::string("--master-addr/--master-port");
-  if (o_.elastic()) {
+      !o_.rdzv_c10d ? std::string("--master-addr/--master-port")
+      : o_.run_id == "none"
+          ? fmt::format("--rdzv-endpoint {}:{} (and no --rdzv-id, or the same one)",
+                        o_.master_addr, o_.master_port)
+          : fmt::format("--rdzv-endpoint {}:{} and --rdzv-id {}", o_.master_addr,
+                        o_.master_port, o_.run_id);
+  if (o_.min_nnodes != o_.max_nnodes) {
     return fmt::format(
         "only {} node(s) of --nnodes {} (at least {}) joined at port {} within "
         "join_timeout={} s. Start ddprun on more nodes with the same --nnodes, "
@@ -50,12 +53,15 @@ std::string Coordinator::join_timeout_message() const {
   for (int n = 1; n < o_.max_nnodes; ++n) {
     if (!has_rank(links_, n)) missing.push_back(n);
   }
+  // Ranked at the rendezvous, nodes have no rank to miss, only a count.
+  const std::string which =
+      o_.rendezvous_ranks ? fmt::format("{} more needed", o_.max_nnodes - 1 - links_.size())
+                          : fmt::format("missing node ranks: {}", fmt::join(missing, ", "));
   return fmt::format(
       "only {} of {} nodes joined at port {} within join_timeout={} s "
-      "(missing node ranks: {}). Start ddprun on every node with the same "
+      "({}). Start ddprun on every node with the same "
       "--nnodes, --nproc-per-node and {}",
-      links_.size() + 1, o_.max_nnodes, o_.master_port, o_.join_timeout,
-      fmt::join(missing, ", "), same);
+      links_.size() + 1, o_.max_nnodes, o_.master_port, o_.join_timeout, which, same);
 }
 
 void Coordinator::join(int listener) {
@@ -65,15 +71,7 @@ void Coordinator::join(int listener) {
   links_.insert(links_.end(), std::make_move_iterator(arrivals_.begin()),
                 std::make_move_iterator(arrivals_.end()));
   arrivals_.clear();
-  launcher_message(
-      o_.elastic()
-          ? fmt::format("node 0: waiting on port {} for nodes (--nnodes {}: {} here, at "
-                        "least {} more to start, then up to last_call_timeout={} s for more)",
-                        o_.master_port, o_.nnodes_spec(), links_.size() + 1,
-                        std::max<int>(0, o_.min_nnodes - 1 - static_cast<int>(links_.size())),
-                        o_.last_call_timeout)
-          : fmt::format("node 0: waiting for {} more node(s) on port {}", o_.nnodes - 1,
-                        o_.master_port));
+  if (static_cast<int>(links_.size()) + 1 < o_.max_nnodes) launcher_message(waiting_message());
   const auto deadline = after(o_.join_timeout);
   std::optional<Clock::time_point> last_call;
   while (true) {
@@ -116,6 +114,24 @@ void Coordinator::join(int listener) {
     ::close(listen_fd_);  // rank 0's TCPStore binds this port next
     listen_fd_ = -1;
   }
+}
+
+// What node 0 waits for before the next start.
+std::string Coordinator::waiting_message() const {
+  const int here = static_cast<int>(links_.size()) + 1;
+  if (o_.min_nnodes == o_.max_nnodes) {
+    return fmt::format("node 0: waiting for {} more node(s) on port {} (--nnodes {}, {} here)",
+                       o_.max_nnodes - here, o_.master_port, o_.max_nnodes, here);
+  }
+  if (here >= o_.min_nnodes) {
+    return fmt::format("node 0: waiting on port {} up to last_call_timeout={} s for more nodes "
+                       "(--nnodes {}: {} here, enough to start)",
+                       o_.master_port, o_.last_call_timeout, o_.nnodes_spec(), here);
+  }
+  return fmt::format("node 0: waiting on port {} for nodes (--nnodes {}: {} here, {} more to "
+                     "start, then up to last_call_timeout={} s for more)",
+                     o_.master_port, o_.nnodes_spec(), here, o_.min_nnodes - here,
+                     o_.last_call_timeout);
 }
 
 bool Coordinator::accept_one() {
@@ -170,10 +186,15 @@ void Coordinator::welcome(NodeLink& link, const nlohmann::json& hello) {
     problem = fmt::format("--node-rank {} has already joined: give each node its own rank", node);
   }
   if (!problem.empty()) {
-    launcher_message(fmt::format(
-        "rejected a node from {}: {}; still waiting for {} more node(s) (join_timeout={} s)",
-        hello.value("host", "?"), problem, std::max(0, o_.min_nnodes - members),
-        o_.join_timeout));
+    const std::string going_on =
+        running ? fmt::format("the job goes on with its {} node(s)", members)
+        : members < o_.min_nnodes
+            ? fmt::format("still waiting for {} more node(s) (join_timeout={} s)",
+                          o_.min_nnodes - members, o_.join_timeout)
+            : "the next round starts with the nodes that are in";
+    launcher_message(
+        fmt::format("rejected a node from {}: {}; {}", hello.value("host", "?"), problem,
+                    going_on));
     link.send({{"type", "reject"}, {"message", problem}});
     link.kill("rejected");
     return;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "flight/flight_format.h"
+#include "flight/flight_home.h"
 #include "flight/flight_trace.h"
 #include "flight/flight_verdict.h"
 #include "launcher/group_support.h"
@@ -65,6 +66,7 @@ std::string flight_report(const std::string& dir, const std::string& copy_to,
     const std::string error = copy_rings(traces, copy_to);
     if (error.empty()) {
       kept = copy_to;
+      flight::prune_records_home();
     } else {
       *copy_failed = true;
       note = fmt::format("  (not copied to {}: {}; the run directory is kept instead)\n", copy_to,

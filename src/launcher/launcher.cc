@@ -161,7 +161,9 @@ int coordinate(const Job& job, LaunchOptions& live, int listener) {
       ++k;
       continue;
     }
-    c.finish_job(kExitFailure, a.root ? root_cause_line(*a.root) : "the job failed");
+    c.finish_job(kExitFailure, a.root            ? root_cause_line(*a.root)
+                               : a.reason.empty() ? "a node failed"
+                                                  : a.reason);
     return exit_code_for(a.interrupt_signal);
   }
 }

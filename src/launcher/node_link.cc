@@ -99,6 +99,12 @@ std::vector<nlohmann::json> NodeLink::receive() {
       kill("it sent something that is not a ddprun message");
       return out;
     }
+    if (message.value("type", "") == "closing") {  // its last words: why it hung up
+      kill("closed");
+      why_dead_ = "the other side closed the link: " + message.value("why", std::string("?"));
+      inbox_.clear();
+      return out;
+    }
     if (message.value("type", "") != "ping") out.push_back(std::move(message));
   }
   inbox_.erase(0, start);
@@ -110,9 +116,21 @@ void NodeLink::tick() {
   if (fd_ < 0) return;
   const auto now = Clock::now();
   if (now - last_received_ > silence_limit_) {
+    const double silent = std::chrono::duration<double>(now - last_received_).count();
+    // Best effort: a peer that was only paused (SIGSTOP, a long swap) reads
+    // why it was dropped rather than a bare closed connection.
+    const std::string bye =
+        nlohmann::json{{"type", "closing"},
+                       {"why", fmt::format("it heard nothing from this side for {:.1f} s "
+                                           "(keep_alive_interval * keep_alive_max_attempt) "
+                                           "and gave up on it",
+                                           silent)}}
+            .dump() +
+        "\n";
+    (void)::send(fd_, bye.data(), bye.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     kill(fmt::format("no message for {:.1f} s (keep_alive_interval * "
                      "keep_alive_max_attempt)",
-                     std::chrono::duration<double>(now - last_received_).count()));
+                     silent));
     return;
   }
   if (now - last_sent_ >= interval_) send({{"type", "ping"}});

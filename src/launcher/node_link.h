@@ -1,6 +1,8 @@
 // One TCP connection between two launchers of a multi-node job (control.h):
 // newline-delimited JSON messages, and heartbeats so that a node that
 // vanishes (crashed host, cut cable) is noticed without waiting for TCP.
+// The side that gives up on a silent peer sends "closing" with its reason
+// first, so a peer that was only paused learns why it was dropped.
 //
 // Thread safety: not thread-safe; the launcher's event loop only.
 #pragma once

@@ -190,9 +190,11 @@ void check_standalone(const LaunchOptions& o) {
 void check_elastic(const RawFlags& r, LaunchOptions& o) {
   if (r.rdzv_backend != "c10d") {
     throw InvalidArgument(fmt::format(
-        "--nnodes {}: an elastic range needs --rdzv-backend c10d and --rdzv-endpoint "
-        "HOST:PORT (the static rendezvous needs a fixed number of nodes)",
-        r.nnodes));
+        "--nnodes {}: an elastic range needs --rdzv-backend c10d (not '{}') and "
+        "--rdzv-endpoint HOST:PORT ({})",
+        r.nnodes, r.rdzv_backend,
+        r.rdzv_backend == "static" ? "the static rendezvous needs a fixed number of nodes"
+                                   : "ddprun's rendezvous backends are static and c10d"));
   }
   if (r.node_rank) {
     throw InvalidArgument(fmt::format(
@@ -205,6 +207,7 @@ void check_elastic(const RawFlags& r, LaunchOptions& o) {
         "--standalone runs one node, but --nnodes is {}: drop --standalone", r.nnodes));
   }
   o.node_rank = kNodeRankAtRendezvous;
+  o.rendezvous_ranks = true;
 }
 
 void check_nodes(const RawFlags& r, LaunchOptions& o) {
@@ -227,7 +230,8 @@ void check_nodes(const RawFlags& r, LaunchOptions& o) {
   if (o.elastic()) return check_elastic(r, o);
   if (!r.node_rank) {
     // torchrun's c10d rendezvous assigns node ranks; the static one needs them.
-    o.node_rank = o.nnodes > 1 && r.rdzv_backend == "c10d" ? kNodeRankAtRendezvous : 0;
+    o.rendezvous_ranks = o.nnodes > 1 && r.rdzv_backend == "c10d";
+    o.node_rank = o.rendezvous_ranks ? kNodeRankAtRendezvous : 0;
     return check_standalone(o);
   }
   o.node_rank = *r.node_rank;

@@ -77,12 +77,21 @@ struct LaunchOptions {
   int keep_alive_max_attempt = 3;    // missed heartbeats before giving up
   std::vector<std::string> program;  // the program and its arguments
 
+  // Node ranks come from the c10d rendezvous (no --node-rank): the job
+  // runs in rounds even with a fixed --nnodes N, which is torchrun's N:N.
+  bool rendezvous_ranks = false;
+
   int world_size() const { return nnodes * nproc_per_node; }
-  bool elastic() const { return min_nnodes != max_nnodes; }
-  // "N", or "MIN:MAX" when elastic: --nnodes as given.
+  // Runs in rounds (Note [Elastic rounds]): --nnodes MIN:MAX, or a fixed
+  // count of several nodes ranked by the c10d rendezvous.
+  bool elastic() const {
+    return min_nnodes != max_nnodes || (rendezvous_ranks && max_nnodes > 1);
+  }
+  // "N", or "MIN:MAX" for a range: --nnodes as given.
   std::string nnodes_spec() const {
-    return elastic() ? std::to_string(min_nnodes) + ":" + std::to_string(max_nnodes)
-                     : std::to_string(nnodes);
+    return min_nnodes != max_nnodes
+               ? std::to_string(min_nnodes) + ":" + std::to_string(max_nnodes)
+               : std::to_string(max_nnodes);
   }
   // Global rank of a local rank: node_rank * nproc_per_node + local_rank.
   int global_rank(int local_rank) const {

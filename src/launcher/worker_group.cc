@@ -228,6 +228,7 @@ void GroupRun::on_signal(int sig) {
   }
   launcher_message(fmt::format("got {}: passing it to every worker (again to kill at once)",
                                signal_name(sig)));
+  if (ctl_) ctl_->on_interrupt(sig);
   result_.interrupt_signal = sig;
   if (result_.outcome == GroupOutcome::kSucceeded) result_.outcome = GroupOutcome::kInterrupted;
   stop_all(sig);

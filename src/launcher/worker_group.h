@@ -96,6 +96,9 @@ class GroupController {
   virtual void on_local_failure(const WorkerResult& root) = 0;
   // Longest the loop may sleep before service() must run again, in ms.
   virtual int max_sleep_ms() const = 0;
+  // The launcher got stop signal `signal` (the first one), before the
+  // workers are signalled: the others may learn that this node leaves.
+  virtual void on_interrupt(int signal) { (void)signal; }
 };
 
 // Runs one attempt (see the top of this file). Throws ddp::InvalidArgument

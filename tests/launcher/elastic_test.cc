@@ -102,6 +102,66 @@ TEST_F(ElasticTest, ALateNodeJoinsAtTheNextRound) {
   expect_no_survivors();
 }
 
+// torchrun's c10d --nnodes 2 is 2:2: a node whose launcher gets SIGTERM
+// says it leaves (node 0 blames it, not the ranks its leaving made fail), the
+// other waits for a replacement, and a third node is refused at once.
+TEST_F(ElasticTest, AFixedC10dJobReplacesANodeThatLeavesOnSigterm) {
+  const auto argv = launcher("2", "join_timeout=60",
+                             {"--print-env", "--steps", "40", "--step-seconds", "0.1",
+                              "--checkpoint", path("ckpt")});
+  TestProcess host(argv, env());
+  ASSERT_TRUE(host.wait_for_output("waiting for 1 more node(s) on port", 20))
+      << host.output_so_far();
+  TestProcess leaving(argv, env());
+  ASSERT_TRUE(host.wait_for_output("rank 0 step 5 restart 0", 30)) << host.output_so_far();
+  leaving.send_signal(SIGTERM);
+  auto l = leaving.wait(30);
+  EXPECT_EQ(l.exit_code, 128 + SIGTERM) << l.err;
+  EXPECT_THAT(l.err, Not(HasSubstr("lost contact")));
+  ASSERT_TRUE(host.wait_for_output("waiting for 1 more node(s) on port", 30))
+      << host.output_so_far();
+  TestProcess replacement(argv, env());
+  ASSERT_TRUE(host.wait_for_output("round 1: 2 node(s), world size 4", 30))
+      << host.output_so_far();
+  auto x = run(argv);  // a third node, during round 1
+  EXPECT_EQ(x.exit_code, 1);
+  EXPECT_THAT(x.err, HasSubstr("rejected this node: all 2 nodes of --nnodes 2 have joined "
+                               "already"));
+  auto h = host.wait(90);
+  auto r = replacement.wait(30);
+  ASSERT_EQ(h.exit_code, 0) << h.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(h.err, HasSubstr("leaves the job: its launcher got SIGTERM"));
+  EXPECT_THAT(h.err, HasSubstr("round 0 ended: node 1 ("));
+  EXPECT_THAT(h.err, HasSubstr("the job goes on with its 2 node(s)"));
+  EXPECT_THAT(h.err, Not(HasSubstr("Root cause")));
+  EXPECT_THAT(h.out, HasSubstr("[rank0]:rank 0 resumed from checkpoint at step"));
+  EXPECT_THAT(r.out, HasSubstr("[rank3]:rank 3 step 40 restart 0\n"));
+  expect_no_survivors();
+}
+
+// A node paused past its heartbeats is dropped; when it goes on it reads
+// why (node 0's last words on the link), not just a closed connection.
+TEST_F(ElasticTest, ADroppedNodeLearnsWhy) {
+  const auto argv = launcher("1:2", "join_timeout=30,last_call_timeout=5",
+                             {"--steps", "60", "--step-seconds", "0.1"});
+  TestProcess host(argv, env());
+  ASSERT_TRUE(host.wait_for_output("waiting on port", 20)) << host.output_so_far();
+  TestProcess paused(argv, env());
+  ASSERT_TRUE(host.wait_for_output("rank 0 step 3 restart 0", 30)) << host.output_so_far();
+  paused.send_signal(SIGSTOP);  // its launcher only; its workers go on
+  ASSERT_TRUE(host.wait_for_output("round 1: 1 node(s)", 30)) << host.output_so_far();
+  paused.send_signal(SIGCONT);
+  auto p = paused.wait(60);
+  auto h = host.wait(60);
+  EXPECT_EQ(h.exit_code, 0) << h.err;
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_THAT(p.err, HasSubstr("lost contact with node 0 (127.0.0.1:" + std::to_string(port_) +
+                               "): the other side closed the link: it heard nothing from this "
+                               "side for"));
+  expect_no_survivors();
+}
+
 TEST_F(ElasticTest, FewerThanMinNodesFailAfterTheJoinTimeout) {
   TestProcess host(launcher("2:3", "join_timeout=2", {"--print-env"}), env());
   auto h = host.wait(30);

@@ -124,10 +124,24 @@ TEST(LauncherOptions, ElasticNodeRangeWithTheC10dRendezvous) {
   EXPECT_EQ(e.options.node_rank, kNodeRankAtRendezvous);
   EXPECT_EQ(e.options.last_call_timeout, 2.5);
   EXPECT_EQ(e.options.nnodes_spec(), "1:3");
+  // The static rendezvous: a fixed job, whose lost node ends it.
   Parsed fixed = parse({"--nnodes", "2:2", "p"});
   EXPECT_FALSE(fixed.options.elastic());
   EXPECT_EQ(fixed.options.nnodes, 2);
   EXPECT_EQ(fixed.options.nnodes_spec(), "2");
+  // torchrun's c10d --nnodes N is N:N: rounds, a lost node is replaced; not
+  // with --node-rank (ranks the user fixed), nor on one node.
+  for (const char* n : {"2", "2:2"}) {
+    Parsed c10d = parse({"--nnodes", n, "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "p"});
+    ASSERT_FALSE(c10d.exit_code) << c10d.err;
+    EXPECT_TRUE(c10d.options.elastic()) << n;
+    EXPECT_EQ(c10d.options.nnodes_spec(), "2") << n;
+  }
+  EXPECT_FALSE(parse({"--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d",
+                      "--rdzv-endpoint", "h:1", "p"})
+                   .options.elastic());
+  EXPECT_FALSE(parse({"--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "p"})
+                   .options.elastic());
   EXPECT_EQ(parse({"p"}).options.last_call_timeout, 30);
 }
 
@@ -160,6 +174,9 @@ TEST(LauncherOptions, ErrorsNameTheFlag) {
            {{"--nproc-per-node", "0", "p"}, "--nproc-per-node 0 is out of range"},
            {{"--nproc-per-node", "many", "p"}, "--nproc-per-node 'many' is not valid"},
            {{"--nnodes", "1:4", "p"}, "--nnodes 1:4: an elastic range needs --rdzv-backend c10d"},
+           {{"--nnodes", "1:4", "--rdzv-backend", "etcd", "p"},
+            "an elastic range needs --rdzv-backend c10d (not 'etcd') and --rdzv-endpoint "
+            "HOST:PORT (ddprun's rendezvous backends are static and c10d)"},
            {{"--nnodes", "1:4", "--rdzv-backend", "c10d", "--node-rank", "1", "p"},
             "--node-rank 1 with --nnodes 1:4: an elastic job assigns node ranks at every round"},
            {{"--nnodes", "3:2", "p"}, "--nnodes 3:2: MIN is larger than MAX"},

@@ -97,17 +97,21 @@ TEST_F(C10dRendezvousTest, AMismatchedRdzvIdIsNamedWithBothIds) {
 }
 
 TEST_F(C10dRendezvousTest, ANodeArrivingAtAStartedJobIsToldSo) {
-  // Once every node joined, node 0 closes its listener and global rank 0's
+  // Once every node of a static job joined, node 0 closes its listener and global rank 0's
   // TCPStore binds the port: a late node finds something that accepts its
   // connection but never welcomes it. This socket stands in for the store.
+  // Twice no answer to its hello (10 s each) ends it long before the
+  // join timeout.
   const int store = launcher::listen_on(port_);
-  TestProcess late(launcher(2, "127.0.0.1", {"--rdzv-conf", "is_host=false,join_timeout=3"}),
+  TestProcess late(launcher(2, "127.0.0.1", {"--rdzv-conf", "is_host=false,join_timeout=300"}),
                    env());
-  auto r = late.wait(30);
+  auto r = late.wait(60);
   ::close(store);
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("could not join node 0 at 127.0.0.1:" + std::to_string(port_)));
+  EXPECT_THAT(r.err, HasSubstr("could not join node 0 at 127.0.0.1:" + std::to_string(port_) +
+                               ": twice something accepted the connection but no launcher "
+                               "answered"));
   EXPECT_THAT(r.err, HasSubstr("the job may have started already"));
   EXPECT_THAT(r.err, Not(HasSubstr("Start ddprun on that host too")));
 }
