@@ -22,6 +22,7 @@
 //   flight_recorder.h           which rank stopped where (ddp-trace)
 //   sync_batchnorm.h            SyncBatchNorm, convert_sync_batchnorm
 //   zero_redundancy_optimizer.h ZeroRedundancyOptimizer
+//   fully_shard.h               fully_shard (FSDP2), FullyShard<Impl> units
 //   optimizer_state.h           OptimizerState, the ShardedOptimizer interface
 //   grad_scaler.h               GradScaler (float16 loss scaling)
 //   state_dict.h                Python's torch.save'd state dicts, both ways
@@ -46,6 +47,7 @@
 #include "ddp/env.h"
 #include "ddp/error.h"
 #include "ddp/flight_recorder.h"
+#include "ddp/fully_shard.h"
 #include "ddp/grad_scaler.h"
 #include "ddp/join.h"
 #include "ddp/logging.h"

@@ -1,0 +1,133 @@
+// The gradient half of a fully_shard unit (Note [Unit backward protocol] in
+// fsdp_unit.h): packing, the reduce-scatter, the shards into .grad(), and
+// the tree's ordering and end-of-backward callback.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include "ddp/collectives_sharding.h"
+#include "fsdp/fsdp_unit.h"
+
+namespace ddp::detail {
+
+void FsdpUnit::pack_grads() {
+  at::NoGradGuard no_grad;
+  phase_ = Phase::kPacked;
+  needs_reduce_ = tree_->grad_sync;
+  if (!needs_reduce_) {  // accumulate locally, full-sized
+    for (FsdpParam& p : params_) {
+      at::Tensor g = p.param.grad();
+      if (!g.defined()) continue;
+      p.unsynced_grad = p.unsynced_grad.defined() ? p.unsynced_grad.add_(g) : g;
+      p.param.mutable_grad() = at::Tensor();
+    }
+    if (all_trainable_) reshard();
+    return;
+  }
+  const int64_t world = group_->size();
+  reduce_input_ = at::zeros({world * shard_numel_}, flat_shard_.options());
+  at::Tensor by_rank = reduce_input_.view({world, shard_numel_});
+  for (FsdpParam& p : params_) {
+    at::Tensor g = p.param.grad();
+    if (p.unsynced_grad.defined()) g = g.defined() ? g.add(p.unsynced_grad) : p.unsynced_grad;
+    p.unsynced_grad = at::Tensor();
+    p.param.mutable_grad() = at::Tensor();
+    const ParamShard& l = p.layout;
+    if (!g.defined() || l.row_numel == 0 || l.rows == 0) continue;  // zeros
+    // Rank r's rows of this parameter go to column block l.offset of row r.
+    for (int64_t r = 0; r < world; ++r) {
+      const int64_t first = r * l.chunk_rows;
+      const int64_t n = std::min(l.chunk_rows, l.rows - first);
+      if (n <= 0) break;
+      by_rank[r].narrow(0, l.offset, n * l.row_numel)
+          .view({n, l.row_numel})
+          .copy_(g.reshape({l.rows, l.row_numel}).narrow(0, first, n));
+    }
+  }
+  // A frozen parameter may still be read by the rest of the unit's backward
+  // (the gradient of the unit's input): such units reshard at the end.
+  if (all_trainable_) reshard();
+}
+
+void FsdpUnit::issue_reduce() {
+  phase_ = Phase::kIssued;
+  if (!needs_reduce_) return;
+  reduced_ = at::empty({shard_numel_}, flat_shard_.options());
+  if (shard_numel_ > 0) {
+    reduce_work_ = reduce_scatter_tensor_async(reduced_, reduce_input_, ReduceOp::AVG, {group_});
+  }
+}
+
+void FsdpUnit::finish_reduce() {
+  if (phase_ != Phase::kIssued) return;
+  phase_ = Phase::kIdle;
+  if (!needs_reduce_) return;
+  if (shard_numel_ > 0) reduce_work_.wait();
+  reduce_work_ = Work();
+  reduce_input_ = at::Tensor();
+  at::NoGradGuard no_grad;
+  for (FsdpParam& p : params_) {
+    if (!p.param.requires_grad()) continue;
+    const ParamShard& l = p.layout;
+    at::Tensor piece = reduced_.narrow(0, l.offset, l.local_numel()).view(l.shard_sizes);
+    at::Tensor& grad = p.param.mutable_grad();
+    // Accumulates as AccumulateGrad would into an existing gradient. Not a
+    // view of the buffer: Optimizer::zero_grad detaches gradients in place,
+    // which views refuse.
+    grad = grad.defined() ? grad.add_(piece) : piece.clone();
+  }
+  reduced_ = at::Tensor();
+}
+
+at::Tensor FsdpUnit::gather_full(size_t index) {
+  std::lock_guard<std::recursive_mutex> lock(tree_->mu);
+  const ParamShard& l = params_[index].layout;
+  const int64_t world = group_->size();
+  at::NoGradGuard no_grad;
+  at::Tensor out = at::empty({world * l.padded_numel()}, flat_shard_.options());
+  if (l.padded_numel() > 0) {
+    at::Tensor in = flat_shard_.narrow(0, l.offset, l.padded_numel());
+    all_gather_into_tensor(out, in, {group_});
+  }
+  if (l.row_numel == 0) return at::zeros(l.full_sizes, flat_shard_.options());
+  return out.view({world * l.chunk_rows, l.row_numel})
+      .narrow(0, 0, l.rows)
+      .reshape(l.full_sizes)
+      .clone();
+}
+
+void FsdpTree::queue_end_of_backward() {
+  if (callback_queued) return;
+  callback_queued = true;
+  // The units keep the tree alive; the callback runs before backward()
+  // returns, while they are.
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
+}
+
+void FsdpTree::issue_ready() {
+  while (issued < backward_order.size() && backward_order[issued]->packed()) {
+    backward_order[issued++]->issue_reduce();
+  }
+}
+
+void FsdpTree::end_of_backward() {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  callback_queued = false;
+  // Units still waiting for a gradient: what they have, zeros for the rest.
+  for (size_t i = issued; i < backward_order.size(); ++i) {
+    if (backward_order[i]->in_backward()) backward_order[i]->pack_grads();
+  }
+  issue_ready();
+  std::vector<std::shared_ptr<FsdpUnit>> done;
+  done.swap(backward_order);
+  issued = 0;
+  // Every unit's parameters back to shards (units with a frozen parameter,
+  // and any whose backward never came) before the shard gradients land.
+  for (const auto& w : units) {
+    if (auto u = w.lock()) u->reshard();
+  }
+  for (const auto& u : done) u->finish_reduce();
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,257 @@
+#include "fsdp/fsdp_unit.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "ddp/collectives_sharding.h"
+#include "ddp/error.h"
+
+namespace ddp::detail {
+namespace {
+
+// Note [Shard and full in one parameter]: the full tensor's StorageImpl
+// outlives each gather; only its bytes come and go.
+void release_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == 0) return;
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
+  s->set_nbytes(0);
+}
+
+void allocate_storage(const at::Tensor& t) {
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == nbytes) return;
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(std::weak_ptr<FsdpUnit> unit, size_t index, void (FsdpUnit::*fn)(size_t))
+      : unit_(std::move(unit)), index_(index), fn_(fn) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    if (auto u = unit_.lock()) ((*u).*fn_)(index_);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<FsdpUnit> unit_;
+  size_t index_;
+  void (FsdpUnit::*fn_)(size_t);
+};
+
+// A parameter's rows as [rows, row_numel] (a 0-dim one as [1, 1]).
+at::Tensor as_rows(const at::Tensor& t, const ParamShard& l) {
+  return t.reshape({l.rows, l.row_numel});
+}
+
+}  // namespace
+
+std::shared_ptr<FsdpUnit> FsdpUnit::create(std::string unit_name,
+                                           std::vector<std::pair<std::string, at::Tensor>> params,
+                                           const FullyShardOptions& options) {
+  std::shared_ptr<FsdpUnit> unit(new FsdpUnit(std::move(unit_name), std::move(params), options));
+  unit->install_hooks();
+  return unit;
+}
+
+FsdpUnit::FsdpUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params,
+                   const FullyShardOptions& options)
+    : name_(std::move(name)), options_(options), group_(options.group) {
+  if (!group_) group_ = default_group();
+  if (!group_) {
+    throw InvalidArgument(fmt::format(
+        "fully_shard({}): no process group: call ddp::init_process_group() first or pass "
+        "FullyShardOptions::group",
+        name_));
+  }
+  std::vector<std::vector<int64_t>> sizes;
+  for (const auto& [pname, t] : params) {
+    const at::Tensor& first = params.front().second;
+    if (t.scalar_type() != first.scalar_type() || t.device() != first.device()) {
+      throw InvalidArgument(fmt::format(
+          "fully_shard({}): parameter '{}' is {} on {} but '{}' is {} on {}: a unit's "
+          "parameters share one dtype and device (shard the odd ones in a unit of their own)",
+          name_, pname, c10::toString(t.scalar_type()), t.device().str(),
+          params.front().first, c10::toString(first.scalar_type()), first.device().str()));
+    }
+    sizes.push_back(t.sizes().vec());
+  }
+  const UnitShardLayout layout = unit_shard_layout(sizes, group_->rank(), group_->size());
+  shard_numel_ = layout.shard_numel;
+  at::TensorOptions opts =
+      params.empty() ? at::TensorOptions(at::kFloat) : params.front().second.options();
+  opts = opts.requires_grad(false);
+  flat_shard_ = at::zeros({shard_numel_}, opts);
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    FsdpParam p;
+    p.name = params[i].first;
+    p.param = params[i].second;
+    p.layout = layout.params[i];
+    const ParamShard& l = p.layout;
+    const int64_t first_row = group_->rank() * l.chunk_rows;
+    at::Tensor full = p.param.detach();
+    p.full = at::empty(l.full_sizes, opts);
+    p.shard = flat_shard_.narrow(0, l.offset, l.local_numel()).view(l.shard_sizes);
+    if (l.local_numel() > 0) {
+      p.shard.view({l.local_rows, l.row_numel})
+          .copy_(as_rows(full, l).narrow(0, first_row, l.local_rows));
+    }
+    at::Tensor grad = p.param.grad();
+    if (grad.defined()) {
+      p.param.mutable_grad() =
+          as_rows(grad, l).narrow(0, first_row, l.local_rows).reshape(l.shard_sizes).clone();
+    }
+    if (p.param.requires_grad()) ++trainable_;
+    else all_trainable_ = false;
+    params_.push_back(std::move(p));
+  }
+}
+
+void FsdpUnit::install_hooks() {
+  std::weak_ptr<FsdpUnit> self = weak_from_this();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    FsdpParam& p = params_[i];
+    if (p.param.requires_grad()) {
+      // Taken while the parameter is full-sized: Note [Shard and full ...].
+      p.accumulator = torch::autograd::impl::grad_accumulator(p.param);
+      p.hook_key = p.accumulator->add_post_hook(
+          std::make_unique<GradReadyHook>(self, i, &FsdpUnit::on_grad_ready));
+    }
+    p.param.set_data(p.shard);
+    release_storage(p.full);
+  }
+}
+
+FsdpUnit::~FsdpUnit() {
+  for (FsdpParam& p : params_) {
+    if (p.accumulator) p.accumulator->del_post_hook(p.hook_key);
+  }
+}
+
+bool FsdpUnit::is_root() const {
+  return tree_ && !tree_->units.empty() && tree_->units.back().lock().get() == this;
+}
+
+void FsdpUnit::unshard() {
+  if (unsharded_) return;
+  const int64_t world = group_->size();
+  at::NoGradGuard no_grad;
+  at::Tensor gathered = at::empty({world * shard_numel_}, flat_shard_.options());
+  if (shard_numel_ > 0) all_gather_into_tensor(gathered, flat_shard_, {group_});
+  at::Tensor by_rank = gathered.view({world, shard_numel_});
+  for (FsdpParam& p : params_) {
+    const ParamShard& l = p.layout;
+    allocate_storage(p.full);
+    if (l.row_numel > 0 && l.rows > 0) {
+      at::Tensor pieces = by_rank.narrow(1, l.offset, l.padded_numel())
+                              .reshape({world * l.chunk_rows, l.row_numel})
+                              .narrow(0, 0, l.rows);
+      p.full.view({l.rows, l.row_numel}).copy_(pieces);
+    }
+    p.param.set_data(p.full);
+    p.version_at_gather = p.param._version();
+  }
+  unsharded_ = true;
+}
+
+void FsdpUnit::reshard() {
+  std::lock_guard<std::recursive_mutex> lock(tree_->mu);
+  if (!unsharded_) return;
+  for (const FsdpParam& p : params_) {
+    if (p.param._version() != p.version_at_gather) {
+      throw InvalidArgument(fmt::format(
+          "fully_shard({}): parameter '{}' was changed in place while gathered (an "
+          "optimizer step between forward and backward?): step the optimizer after "
+          "backward, when the parameters are shards",
+          name_, p.name));
+    }
+  }
+  for (FsdpParam& p : params_) {
+    if (grads_stashed_) p.param.mutable_grad() = p.stashed_grad;
+    p.stashed_grad = at::Tensor();
+    p.param.set_data(p.shard);
+    release_storage(p.full);
+  }
+  unsharded_ = false;
+  grads_stashed_ = false;
+}
+
+void FsdpUnit::pre_forward() {
+  std::lock_guard<std::recursive_mutex> lock(tree_->mu);
+  unshard();
+}
+
+void FsdpUnit::post_forward(const std::vector<at::Tensor>& outputs, bool outputs_known) {
+  std::lock_guard<std::recursive_mutex> lock(tree_->mu);
+  if (!at::GradMode::is_enabled() || trainable_ == 0) {
+    reshard();  // no backward comes through this unit
+    return;
+  }
+  if (!outputs_known) {
+    reshard();
+    throw InvalidArgument(fmt::format(
+        "fully_shard({}): cannot see the tensors of forward's output type, so its backward "
+        "cannot be hooked: define collect_tensors(const YourOutput&, "
+        "std::vector<at::Tensor>&) in the output type's namespace",
+        name_));
+  }
+  std::weak_ptr<FsdpUnit> self = weak_from_this();
+  bool hooked = false;
+  for (const at::Tensor& t : outputs) {
+    if (!t.defined() || !t.requires_grad()) continue;
+    t.register_hook([self](at::Tensor) {
+      if (auto u = self.lock()) u->pre_backward();
+    });
+    hooked = true;
+  }
+  if (!hooked || (options_.reshard_after_forward && !is_root())) reshard();
+}
+
+void FsdpUnit::pre_backward() {
+  std::lock_guard<std::recursive_mutex> lock(tree_->mu);
+  if (phase_ == Phase::kInBackward) return;
+  phase_ = Phase::kInBackward;
+  ready_count_ = 0;
+  for (FsdpParam& p : params_) p.ready = false;
+  tree_->queue_end_of_backward();
+  tree_->backward_order.push_back(shared_from_this());
+  // The shard gradients wait while autograd accumulates full-sized ones.
+  if (!grads_stashed_) {
+    for (FsdpParam& p : params_) {
+      p.stashed_grad = p.param.grad();
+      p.param.mutable_grad() = at::Tensor();
+    }
+    grads_stashed_ = true;
+  }
+  unshard();
+}
+
+void FsdpUnit::on_grad_ready(size_t index) {
+  std::lock_guard<std::recursive_mutex> lock(tree_->mu);
+  FsdpParam& p = params_[index];
+  if (phase_ != Phase::kInBackward) {
+    throw InvalidArgument(fmt::format(
+        "fully_shard({}): parameter '{}' got a gradient outside the unit's backward: it "
+        "was used outside the unit's forward (a parameter of a unit is only gathered "
+        "inside that unit's forward; move the use into it or into a unit containing both)",
+        name_, p.name));
+  }
+  if (p.ready) return;
+  p.ready = true;
+  if (++ready_count_ == trainable_) {
+    pack_grads();
+    tree_->issue_ready();
+  }
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,145 @@
+// One fully_shard unit's parameters and their life through an iteration,
+// and the tree of units under a root (include/ddp/fully_shard.h for the
+// user's view).
+//
+// Note [Shard and full in one parameter]: the optimizer must hold the
+// module's own parameter tensors (their names, their identity in
+// Optimizer::state()), and the module's forward must read the same tensors.
+// So each parameter's TensorImpl takes turns: sharded, its data is a view of
+// the unit's flat shard ([local_rows, ...]; the optimizer steps it in
+// place); unsharded (forward and backward), its data is `full`, a tensor of
+// the full shape whose storage is allocated by each gather and released by
+// each reshard (storage nbytes 0, the same StorageImpl). Views that
+// autograd saved during forward (a transposed weight) keep that
+// StorageImpl, so the gather before backward refills what they read. The
+// parameter's grad accumulator is taken while the parameter is full-sized
+// (fully_shard), so autograd's shape checks see the full shape; while a
+// unit's backward runs its parameters' .grad() holds the new full gradient
+// and the shard gradient waits in `stashed_grad`. Between a forward that
+// keeps the parameters gathered and its backward, .grad() keeps the shard
+// gradient: an optimizer step then fails on the shapes instead of silently
+// skipping parameters whose gradient was put aside.
+//
+// Note [Unit backward protocol]: pre-backward = a hook on the unit's
+// forward outputs (the first gradient to reach any of them): gather again
+// when resharded, and queue the tree's end-of-backward callback once. A
+// post hook on each parameter's grad accumulator counts the parameter
+// ready; when all of the unit's trainable ones are, its gradients go to
+// one reduce-scatter (async; the backward of earlier units runs meanwhile),
+// the full gradients and parameters are freed (a unit with a frozen
+// parameter keeps its parameters until the end of backward: the rest of its
+// backward may still read the frozen one). At the end of backward the
+// callback reduces units that never became complete (missing gradients
+// count as zeros on that rank, so every rank issues the same collectives),
+// waits for every reduce-scatter, adds each shard gradient to the stashed
+// one, and reshards any unit still gathered.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compat/autograd_compat.h"
+#include "ddp/collectives.h"
+#include "ddp/fully_shard.h"
+#include "fsdp/shard_layout.h"
+
+namespace ddp::detail {
+
+struct FsdpTree;
+
+struct FsdpParam {
+  std::string name;  // as the root's named_parameters() gives it
+  at::Tensor param;  // the module's own parameter (Note [Shard and full ...])
+  ParamShard layout;
+  at::Tensor shard;          // view of the unit's flat shard
+  at::Tensor full;           // full-shaped; storage freed while sharded
+  at::Tensor stashed_grad;   // the shard gradient while unsharded
+  at::Tensor unsynced_grad;  // full gradients summed while sync is off
+  compat::NodePtr accumulator;
+  uintptr_t hook_key = 0;
+  int64_t version_at_gather = 0;  // to catch a step on the full parameter
+  bool ready = false;
+};
+
+class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
+ public:
+  // params: the unit's own parameters, (name under the unit, tensor).
+  static std::shared_ptr<FsdpUnit> create(std::string unit_name,
+                                          std::vector<std::pair<std::string, at::Tensor>> params,
+                                          const FullyShardOptions& options);
+  ~FsdpUnit();
+
+  void pre_forward();
+  void post_forward(const std::vector<at::Tensor>& outputs, bool outputs_known);
+  void reshard();
+
+  // Note [Unit backward protocol], driven by FsdpTree under its mutex.
+  bool packed() const { return phase_ == Phase::kPacked; }
+  bool in_backward() const { return phase_ == Phase::kInBackward; }
+  void pack_grads();    // gradients into the reduce buffer; reshard
+  void issue_reduce();  // the reduce-scatter, async
+  void finish_reduce();  // wait; add the shards into .grad()
+
+  const std::string& name() const { return name_; }
+  std::vector<FsdpParam>& params() { return params_; }
+  ProcessGroupPtr group() const { return group_; }
+  std::shared_ptr<FsdpTree> tree() const { return tree_; }
+  void set_tree(std::shared_ptr<FsdpTree> tree) { tree_ = std::move(tree); }
+  bool is_root() const;
+  // Rank-wide values of a parameter (a collective): its full tensor.
+  at::Tensor gather_full(size_t index);
+
+ private:
+  FsdpUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params,
+           const FullyShardOptions& options);
+  void install_hooks();
+  void unshard();
+  void pre_backward();
+  void on_grad_ready(size_t index);
+
+  std::string name_;
+  FullyShardOptions options_;
+  ProcessGroupPtr group_;
+  std::vector<FsdpParam> params_;
+  at::Tensor flat_shard_;  // [S], padding zero
+  int64_t shard_numel_ = 0;
+  bool unsharded_ = false;
+  bool grads_stashed_ = false;  // from pre-backward to reshard
+  enum class Phase { kIdle, kInBackward, kPacked, kIssued };
+  Phase phase_ = Phase::kIdle;  // this backward's progress
+  bool needs_reduce_ = false;   // packed with gradient sync on
+  int trainable_ = 0;
+  bool all_trainable_ = true;  // no frozen parameter: reshard when packed
+  int ready_count_ = 0;
+  // The reduce-scatter in flight: its output (S elements) and handle.
+  at::Tensor reduced_;
+  at::Tensor reduce_input_;
+  Work reduce_work_;
+  std::shared_ptr<FsdpTree> tree_;
+};
+
+// Every unit under one root (the root last), and the per-backward state.
+// Reduce-scatters are issued in the order the units' backwards began (the
+// same on every rank), whatever order their gradients complete in: a unit
+// waiting on a gradient that one rank does not produce holds back the
+// units after it instead of crossing the ranks' collectives.
+struct FsdpTree {
+  std::vector<std::weak_ptr<FsdpUnit>> units;  // the root last
+  std::vector<std::shared_ptr<FsdpUnit>> backward_order;
+  size_t issued = 0;  // backward_order[0, issued) have their collective out
+  bool grad_sync = true;
+  bool callback_queued = false;
+  std::recursive_mutex mu;  // hooks may run on autograd's threads
+
+  void queue_end_of_backward();
+  void issue_ready();
+  void end_of_backward();
+};
+
+}  // namespace ddp::detail
