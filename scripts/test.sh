@@ -83,11 +83,12 @@ if [ "${DDP_SKIP_SUBSETS:-0}" != 1 ] && [ $# -eq 0 ]; then
   # libtorch 2.13, the main job's: the library (C++17) and the suites that
   # pin its numbers, against Python DDP 2.13.
   if [ "$whole" = cuda ]; then
-    run_subset pip build-subset $core collectives_test collectives_sharding_test || status=1
+    run_subset pip build-subset $core collectives_test collectives_sharding_test \
+      fully_shard_test fully_shard_oracle_test || status=1
   fi
   # libtorch 1.13 stays supported: the same suites against Python DDP 1.13.
   if [ "${DDP_SKIP_DEBIAN:-0}" != 1 ]; then
-    run_subset debian build-debian $core collectives_sharding_test || status=1
+    run_subset debian build-debian $core collectives_sharding_test fully_shard_test || status=1
   fi
 fi
 exit $status

@@ -18,6 +18,7 @@
 #include "ddp/fully_shard.h"
 #include "fsdp/shard_layout.h"
 #include "support/expect_error.h"
+#include "support/fsdp_net.h"
 #include "support/thread_world.h"
 
 namespace ddp::testing {
@@ -25,68 +26,13 @@ namespace {
 
 namespace nn = torch::nn;
 namespace optim = torch::optim;
-
-// Uneven dim-0 sizes on purpose: 7, 5 and 3 rows leave ranks with short or
-// empty chunks at W = 2..4.
-struct BlockImpl : nn::Module {
-  BlockImpl(int64_t width, int64_t hidden)
-      : fc1(register_module("fc1", nn::Linear(width, hidden))),
-        fc2(register_module("fc2", nn::Linear(hidden, width))) {}
-  at::Tensor forward(at::Tensor x) { return x + fc2(torch::tanh(fc1(x))); }
-  nn::Linear fc1, fc2;
-};
-using Block = FullyShard<BlockImpl>;
-
-struct NetImpl : nn::Module {
-  NetImpl()
-      : inp(register_module("inp", nn::Linear(6, 5))),
-        b1(register_module("b1", Block(5, 7))),
-        b2(register_module("b2", Block(5, 3))),
-        head(register_module("head", nn::Linear(5, 3))) {}
-  at::Tensor forward(at::Tensor x) { return head(b2(b1(torch::relu(inp(x))))); }
-  nn::Linear inp;
-  Block b1, b2;
-  nn::Linear head;
-};
-using Net = FullyShard<NetImpl>;
-
-constexpr int64_t kGlobalBatch = 12;  // divides evenly over 1..4 ranks
-
-std::pair<at::Tensor, at::Tensor> batch(int step, int rank, int world) {
-  at::Generator gen = at::detail::createCPUGenerator(900 + step);
-  at::Tensor x = torch::randn({kGlobalBatch, 6}, gen);
-  at::Tensor y = torch::randn({kGlobalBatch, 3}, gen);
-  const int64_t n = kGlobalBatch / world;
-  return {x.narrow(0, rank * n, n), y.narrow(0, rank * n, n)};
-}
-
-// One reference model's values, copied into every model built from it
-// (made once: ranks are threads, and the global generator is shared).
-const std::map<std::string, at::Tensor>& initial_values() {
-  static const std::map<std::string, at::Tensor> values = [] {
-    torch::manual_seed(5);
-    Net net;
-    std::map<std::string, at::Tensor> v;
-    for (const auto& p : net->named_parameters()) v[p.key()] = p.value().detach().clone();
-    return v;
-  }();
-  return values;
-}
-
-Net model_like(const std::map<std::string, at::Tensor>& values) {
-  Net net;
-  torch::NoGradGuard no_grad;
-  for (auto& p : net->named_parameters()) p.value().copy_(values.at(p.key()));
-  return net;
-}
-
-void shard(Net& net, bool reshard_after_forward = true) {
-  FullyShardOptions o;
-  o.reshard_after_forward = reshard_after_forward;
-  fully_shard(net->b1, o);
-  fully_shard(net->b2, o);
-  fully_shard(net, o);
-}
+using fsdp_net::batch;
+using fsdp_net::Block;
+using fsdp_net::initial_values;
+using fsdp_net::kGlobalBatch;
+using fsdp_net::model_like;
+using fsdp_net::Net;
+using fsdp_net::shard;
 
 enum class Opt { kSgd, kAdam };
 
