@@ -199,6 +199,21 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const RunConfig& c,
   return std::make_unique<torch::optim::SGD>(params, sgd);
 }
 
+// Bytes of a set of tensors (each once), e.g. parameters or their grads.
+int64_t tensor_bytes(const std::vector<at::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const at::Tensor& t : tensors) {
+    if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  }
+  return bytes;
+}
+
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> g;
+  for (const at::Tensor& p : params) g.push_back(p.grad());
+  return g;
+}
+
 // Peak resident memory of this process so far, KiB.
 int64_t max_rss_kib() {
   rusage u{};
@@ -220,6 +235,8 @@ json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, in
     r = train_loop(model, *opt, batches, c, /*distributed=*/world > 1);
     out["max_rss_kib"] = {max_rss_kib()};
     out["optimizer_state_bytes"] = {optimizer_state_bytes(*opt)};
+    out["param_bytes"] = {tensor_bytes(model->parameters())};
+    out["grad_bytes"] = {tensor_bytes(grads_of(model->parameters()))};
   } else {
     DistributedDataParallel<M> net(model, ddp_options(c, false));
     auto powersgd = register_hook(net, c);
@@ -229,6 +246,10 @@ json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, in
     // Per rank (collectives: every rank is here); the peak first.
     out["max_rss_kib"] = all_gather_value(max_rss_kib());
     out["optimizer_state_bytes"] = all_gather_value(optimizer_state_bytes(*opt));
+    // After the last step: the gradients are still there (zero_grad comes
+    // first in a step). DDP's buckets are in ddp_stats.bucket_bytes.
+    out["param_bytes"] = all_gather_value(tensor_bytes(net.parameters()));
+    out["grad_bytes"] = all_gather_value(tensor_bytes(grads_of(net.parameters())));
     if (powersgd) {
       auto cs = powersgd->compression_stats();
       int64_t compressed = std::max<int64_t>(
@@ -237,6 +258,31 @@ json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, in
                          {"rate", cs.rate}, {"compressed_iterations", compressed}};
     }
   }
+  out["elapsed_s"] = r.elapsed_s;
+  out["samples_per_s"] = static_cast<double>(world) * s.batch * c.steps / r.elapsed_s;
+  out["step_s"] = summarize(r.step_s);
+  out["cpu_s_per_step"] = r.cpu_s / c.steps;
+  out["final_loss"] = r.final_loss;
+  return out;
+}
+
+// --fully-shard: the model sharded by ddp::fully_shard (models.h), an
+// ordinary optimizer on the shards; bytes per rank as run_train's.
+template <typename M>
+json run_train_sharded(M model, const WorkloadShape& s, const RunConfig& c, int rank, int world) {
+  if (!c.weights.empty()) load_weights(*model, c.weights);
+  model->to(bench_device(c));
+  Batches batches = make_batches(s, c.pool, c.seed * 1000 + rank);
+  for (auto& b : batches) b = {b.first.to(bench_device(c)), b.second.to(bench_device(c))};
+  json out{{"eval_loss0", eval_loss(model, batches)}};
+  at::manual_seed(c.seed * 1000 + 500 + rank);  // dropout
+  shard_model(model, FullyShardOptions{});
+  auto opt = make_optimizer(c, model->parameters());
+  LoopResult r = train_loop(model, *opt, batches, c, /*distributed=*/true);
+  out["max_rss_kib"] = all_gather_value(max_rss_kib());
+  out["optimizer_state_bytes"] = all_gather_value(optimizer_state_bytes(*opt));
+  out["param_bytes"] = all_gather_value(tensor_bytes(model->parameters()));
+  out["grad_bytes"] = all_gather_value(tensor_bytes(grads_of(model->parameters())));
   out["elapsed_s"] = r.elapsed_s;
   out["samples_per_s"] = static_cast<double>(world) * s.batch * c.steps / r.elapsed_s;
   out["step_s"] = summarize(r.step_s);
@@ -295,6 +341,13 @@ void check_config(const RunConfig& c) {
   if (c.mode == "sync" && c.side != "ddp") {
     throw InvalidArgument("--mode sync measures DDP: use it with --side ddp");
   }
+  if (c.fully_shard && (c.side != "ddp" || c.mode != "train" || c.zero)) {
+    throw InvalidArgument("--fully-shard trains sharded across the ranks: use it with --side "
+                          "ddp --mode train, without --zero");
+  }
+  if (c.fully_shard && c.workload == "cnn") {
+    throw InvalidArgument("--fully-shard has mlp and transformer variants, not cnn");
+  }
   if (c.zero && c.side != "ddp") {
     throw InvalidArgument("--zero shards the optimizer across DDP's ranks: use it with --side ddp");
   }
@@ -333,9 +386,17 @@ json run_benchmark(const RunConfig& c) {
   }
   const int rank = distributed ? get_rank() : 0;
   const int world = distributed ? get_world_size() : 1;
-  json out = with_model(s, [&](auto make) {
-    return c.mode == "train" ? run_train(make(), s, c, rank, world) : run_sync(make(), make(), c);
-  });
+  json out;
+  if (c.fully_shard && s.name == "mlp") {
+    out = run_train_sharded(ShardedMlp(s), s, c, rank, world);
+  } else if (c.fully_shard) {
+    out = run_train_sharded(ShardedTransformerNet(s), s, c, rank, world);
+  } else {
+    out = with_model(s, [&](auto make) {
+      return c.mode == "train" ? run_train(make(), s, c, rank, world)
+                               : run_sync(make(), make(), c);
+    });
+  }
   if (distributed) destroy_process_group();
   if (rank != 0) return json::object();
   out["side"] = c.side;
@@ -357,6 +418,7 @@ json run_benchmark(const RunConfig& c) {
   out["bucket_cap_mb"] = c.bucket_cap_mb;
   out["optimizer"] = c.optimizer;
   out["zero"] = c.zero;
+  out["fully_shard"] = c.fully_shard;
   out["torch_version"] = TORCH_VERSION;
   return out;
 }

@@ -38,6 +38,8 @@ struct RunConfig {
   double lr = 0.01, momentum = 0.9;
   std::string optimizer = "sgd";   // sgd (with momentum) | adam
   bool zero = false;               // ZeroRedundancyOptimizer around it (ddp side)
+  bool fully_shard = false;        // ddp::fully_shard instead of DDP (ddp side; mlp,
+                                   // transformer: models.h's Sharded* variants)
   int threads = 1;                 // torch intra-op threads
   // "cpu", or "cuda": each rank uses cuda:LOCAL_RANK (the GPU script,
   // bench/gpu/run.sh); CUDA work is synchronised at the end of every step.

@@ -38,6 +38,9 @@ void add_flags(CLI::App& app, ddp::bench::RunConfig& c) {
       ->check(CLI::IsMember({"sgd", "adam"}))
       ->capture_default_str();
   app.add_flag("--zero", c.zero, "Shard the optimizer state: ddp::ZeroRedundancyOptimizer");
+  app.add_flag("--fully-shard", c.fully_shard,
+               "ddp::fully_shard instead of DDP: parameters, gradients and optimizer state "
+               "sharded (mlp: one unit; transformer: a unit per encoder layer)");
   app.add_option("--threads", c.threads, "Torch intra-op threads")->capture_default_str();
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb, "DDP bucket_cap_mb")->capture_default_str();
   app.add_option("--first-bucket-cap-mb", c.first_bucket_cap_mb, "DDP first bucket, MiB")

@@ -65,6 +65,42 @@ at::Tensor TransformerNetImpl::forward(at::Tensor x) {
   return head(encoder(x).mean(0));
 }
 
+ShardedEncoderImpl::ShardedEncoderImpl(const WorkloadShape& s) {
+  namespace nn = torch::nn;
+  auto list = register_module("layers", nn::ModuleList());
+  for (int64_t i = 0; i < s.layers; ++i) {
+    FullyShard<nn::TransformerEncoderLayerImpl> layer(
+        nn::TransformerEncoderLayerOptions(s.d_model, s.heads)
+            .dim_feedforward(s.feedforward)
+            .dropout(0.1));
+    list->push_back(layer.ptr());
+    layers.push_back(layer);
+  }
+}
+
+at::Tensor ShardedEncoderImpl::forward(at::Tensor x) {
+  for (auto& layer : layers) x = layer(x);
+  return x;
+}
+
+ShardedTransformerNetImpl::ShardedTransformerNetImpl(const WorkloadShape& s) {
+  encoder = register_module("encoder", ShardedEncoder(s));
+  head = register_module("head", torch::nn::Linear(s.d_model, s.classes));
+}
+
+at::Tensor ShardedTransformerNetImpl::forward(at::Tensor x) {
+  return head(encoder(x).mean(0));
+}
+
+void shard_model(ShardedTransformerNet& net, const FullyShardOptions& options) {
+  for (auto& layer : net->encoder->layers) fully_shard(layer, options);
+  fully_shard(net, options);
+}
+
+void shard_model(ShardedMlp& net, const FullyShardOptions& options) {
+  fully_shard(net, options);
+}
+
 std::vector<std::pair<at::Tensor, at::Tensor>> make_batches(const WorkloadShape& s,
                                                             int count, uint64_t seed) {
   at::manual_seed(seed);

@@ -15,13 +15,17 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/transformercoder.h>
+#include <torch/nn/modules/transformerlayer.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "ddp/fully_shard.h"
 
 namespace ddp::bench {
 
@@ -54,6 +58,29 @@ struct TransformerNetImpl : torch::nn::Module {
   torch::nn::Linear head{nullptr};
 };
 TORCH_MODULE(TransformerNet);
+
+// The fully_shard variants (ddp-bench --fully-shard): the same modules and
+// parameter names, with fully_shard units where FSDP2 users put them: each
+// encoder layer of the transformer, then the root; the MLP as one unit.
+struct ShardedEncoderImpl : torch::nn::Module {
+  explicit ShardedEncoderImpl(const WorkloadShape& s);
+  at::Tensor forward(at::Tensor x);
+  std::vector<FullyShard<torch::nn::TransformerEncoderLayerImpl>> layers;  // "layers.N"
+};
+TORCH_MODULE(ShardedEncoder);
+
+struct ShardedTransformerNetImpl : torch::nn::Module {
+  explicit ShardedTransformerNetImpl(const WorkloadShape& s);
+  at::Tensor forward(at::Tensor x);  // as TransformerNetImpl's
+  ShardedEncoder encoder{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+using ShardedTransformerNet = FullyShard<ShardedTransformerNetImpl>;
+using ShardedMlp = FullyShard<MlpImpl>;
+
+// fully_shard on the units, inner ones first, then the root.
+void shard_model(ShardedTransformerNet& net, const FullyShardOptions& options);
+void shard_model(ShardedMlp& net, const FullyShardOptions& options);
 
 // A fixed pool of synthetic batches (input ~ N(0,1), labels uniform in
 // [0, classes)), drawn from the default CPU generator seeded with `seed`:

@@ -240,14 +240,55 @@ def run_train(s, a, rank, world):
         out = {"eval_loss0": float(F.cross_entropy(model(batches[0][0]), batches[0][1]))}
     model.train()
     torch.manual_seed(a.seed * 1000 + 500 + rank)  # dropout
-    net = model if a.side == "plain" else DDP(model, **ddp_kwargs(a, False))
-    opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=a.momentum)
+    if a.fully_shard:  # FSDP2, units as ddp-bench --fully-shard puts them
+        from torch.distributed.fsdp import fully_shard
+        if s["name"] == "transformer":
+            for layer in model.encoder.layers:
+                fully_shard(layer)
+        fully_shard(model)
+        net = model
+    else:
+        net = model if a.side == "plain" else DDP(model, **ddp_kwargs(a, False))
+    if a.optimizer == "adam":
+        opt = torch.optim.Adam(net.parameters(), lr=a.lr)
+    else:
+        opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=a.momentum)
     elapsed, steps, loss, cpu = train_loop(net, opt, batches, a, a.side == "ddp" or world > 1)
-    if a.side == "ddp":
+    if a.side == "ddp" and not a.fully_shard:
         out["torch_ddp_stats"] = ddp_stats(net)
+    out.update(per_rank_bytes(net, opt, a.side == "ddp" or world > 1))
     out.update(elapsed_s=elapsed, samples_per_s=world * s["batch"] * a.steps / elapsed,
                step_s=summarize(steps), final_loss=loss, cpu_s_per_step=cpu / a.steps)
     return out
+
+
+def local_bytes(tensors):
+    """Bytes of this rank's part of each tensor (a DTensor's local shard)."""
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        t = t.to_local() if hasattr(t, "to_local") else t
+        total += t.numel() * t.element_size()
+    return total
+
+
+def per_rank_bytes(net, opt, distributed):
+    """As ddp-bench's: parameters, gradients, optimizer state (tensors of at
+    least one dimension: PyTorch's scalar step counters are left out, as
+    libtorch keeps them as integers) and peak RSS, a list over ranks."""
+    params = list(net.parameters())
+    state = [v for st in opt.state.values() for v in st.values()
+             if torch.is_tensor(v) and v.dim() > 0]
+    mine = {"param_bytes": local_bytes(params),
+            "grad_bytes": local_bytes(p.grad for p in params),
+            "optimizer_state_bytes": local_bytes(state),
+            "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+    if not distributed:
+        return {k: [v] for k, v in mine.items()}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return {k: [e[k] for e in every] for k in mine}
 
 
 def run_sync(s, a):
@@ -314,6 +355,9 @@ def parse_args(argv):
     p.add_argument("--weights", default="")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+    p.add_argument("--fully-shard", action="store_true",
+                   help="torch.distributed.fsdp.fully_shard (FSDP2) instead of DDP")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--gradient-as-bucket-view", action="store_true")
@@ -354,6 +398,7 @@ def main(argv):
                device=a.device, backend=a.backend,
                threads=torch.get_num_threads(), gradient_as_bucket_view=a.gradient_as_bucket_view,
                bucket_cap_mb=a.bucket_cap_mb, torch_version=torch.__version__,
+               optimizer=a.optimizer, fully_shard=a.fully_shard,
                command=[sys.executable] + sys.argv)
     text = json.dumps(out, indent=1) + "\n"
     if not a.out_json:
