@@ -221,14 +221,43 @@ int64_t max_rss_kib() {
   return u.ru_maxrss;
 }
 
+// Weights, device and this rank's batches for a training run; `out` gets
+// the loss before training. Seeds dropout last, identically on both sides.
 template <typename M>
-json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, int world) {
+Batches prepare_run(M& model, const WorkloadShape& s, const RunConfig& c, int rank, json& out) {
   if (!c.weights.empty()) load_weights(*model, c.weights);
   model->to(bench_device(c));
   Batches batches = make_batches(s, c.pool, c.seed * 1000 + rank);
   for (auto& b : batches) b = {b.first.to(bench_device(c)), b.second.to(bench_device(c))};
-  json out{{"eval_loss0", eval_loss(model, batches)}};
+  out["eval_loss0"] = eval_loss(model, batches);
   at::manual_seed(c.seed * 1000 + 500 + rank);  // dropout
+  return batches;
+}
+
+// Per-rank bytes and peak RSS (collectives: every rank is here).
+void add_rank_memory(json& out, torch::optim::Optimizer& opt,
+                     const std::vector<at::Tensor>& params) {
+  out["max_rss_kib"] = all_gather_value(max_rss_kib());
+  out["optimizer_state_bytes"] = all_gather_value(optimizer_state_bytes(opt));
+  // After the last step: the gradients are still there (zero_grad comes
+  // first in a step). DDP's buckets are in ddp_stats.bucket_bytes.
+  out["param_bytes"] = all_gather_value(tensor_bytes(params));
+  out["grad_bytes"] = all_gather_value(tensor_bytes(grads_of(params)));
+}
+
+void add_loop_result(json& out, const LoopResult& r, const WorkloadShape& s, const RunConfig& c,
+                     int world) {
+  out["elapsed_s"] = r.elapsed_s;
+  out["samples_per_s"] = static_cast<double>(world) * s.batch * c.steps / r.elapsed_s;
+  out["step_s"] = summarize(r.step_s);
+  out["cpu_s_per_step"] = r.cpu_s / c.steps;
+  out["final_loss"] = r.final_loss;
+}
+
+template <typename M>
+json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, int world) {
+  json out;
+  Batches batches = prepare_run(model, s, c, rank, out);
   LoopResult r;
   if (c.side == "plain") {
     auto opt = make_optimizer(c, model->parameters());
@@ -243,13 +272,7 @@ json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, in
     auto opt = make_optimizer(c, net.parameters());
     r = train_loop(net, *opt, batches, c, /*distributed=*/true);
     out["ddp_stats"] = stats_json(net.stats());
-    // Per rank (collectives: every rank is here); the peak first.
-    out["max_rss_kib"] = all_gather_value(max_rss_kib());
-    out["optimizer_state_bytes"] = all_gather_value(optimizer_state_bytes(*opt));
-    // After the last step: the gradients are still there (zero_grad comes
-    // first in a step). DDP's buckets are in ddp_stats.bucket_bytes.
-    out["param_bytes"] = all_gather_value(tensor_bytes(net.parameters()));
-    out["grad_bytes"] = all_gather_value(tensor_bytes(grads_of(net.parameters())));
+    add_rank_memory(out, *opt, net.parameters());
     if (powersgd) {
       auto cs = powersgd->compression_stats();
       int64_t compressed = std::max<int64_t>(
@@ -258,11 +281,7 @@ json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, in
                          {"rate", cs.rate}, {"compressed_iterations", compressed}};
     }
   }
-  out["elapsed_s"] = r.elapsed_s;
-  out["samples_per_s"] = static_cast<double>(world) * s.batch * c.steps / r.elapsed_s;
-  out["step_s"] = summarize(r.step_s);
-  out["cpu_s_per_step"] = r.cpu_s / c.steps;
-  out["final_loss"] = r.final_loss;
+  add_loop_result(out, r, s, c, world);
   return out;
 }
 
@@ -270,24 +289,13 @@ json run_train(M model, const WorkloadShape& s, const RunConfig& c, int rank, in
 // ordinary optimizer on the shards; bytes per rank as run_train's.
 template <typename M>
 json run_train_sharded(M model, const WorkloadShape& s, const RunConfig& c, int rank, int world) {
-  if (!c.weights.empty()) load_weights(*model, c.weights);
-  model->to(bench_device(c));
-  Batches batches = make_batches(s, c.pool, c.seed * 1000 + rank);
-  for (auto& b : batches) b = {b.first.to(bench_device(c)), b.second.to(bench_device(c))};
-  json out{{"eval_loss0", eval_loss(model, batches)}};
-  at::manual_seed(c.seed * 1000 + 500 + rank);  // dropout
+  json out;
+  Batches batches = prepare_run(model, s, c, rank, out);
   shard_model(model, FullyShardOptions{});
   auto opt = make_optimizer(c, model->parameters());
   LoopResult r = train_loop(model, *opt, batches, c, /*distributed=*/true);
-  out["max_rss_kib"] = all_gather_value(max_rss_kib());
-  out["optimizer_state_bytes"] = all_gather_value(optimizer_state_bytes(*opt));
-  out["param_bytes"] = all_gather_value(tensor_bytes(model->parameters()));
-  out["grad_bytes"] = all_gather_value(tensor_bytes(grads_of(model->parameters())));
-  out["elapsed_s"] = r.elapsed_s;
-  out["samples_per_s"] = static_cast<double>(world) * s.batch * c.steps / r.elapsed_s;
-  out["step_s"] = summarize(r.step_s);
-  out["cpu_s_per_step"] = r.cpu_s / c.steps;
-  out["final_loss"] = r.final_loss;
+  add_rank_memory(out, *opt, model->parameters());
+  add_loop_result(out, r, s, c, world);
   return out;
 }
 

@@ -58,12 +58,7 @@ def parse_args(argv):
     p.add_argument("--python", default="")
     p.add_argument("--markdown", default=str(REPO / "BENCHMARKS.md"), help="'' to leave it")
     p.add_argument("--timeout", type=float, default=900)
-    a = p.parse_args(argv)
-    cache = bench_run.cmake_cache(a.build_dir)
-    a.python = a.python or cache.get("DDP_PYTHON") or "/usr/bin/python3"
-    a.torch_dir = cache.get("Torch_DIR", "")
-    a.device, a.smoke, a.argv = "cpu", False, argv
-    return a
+    return bench_run.with_build_settings(p.parse_args(argv), argv)
 
 
 def payload_bytes(res):

@@ -97,6 +97,17 @@ def cmake_cache(build_dir):
     return entries
 
 
+def with_build_settings(a, argv):
+    """What the side scripts (zero.py, comm_hooks.py, fully_shard.py) take
+    from the build: the oracle Python (--python, else the build's
+    DDP_PYTHON) and its libtorch; they run on the CPU, never as a smoke test."""
+    cache = cmake_cache(a.build_dir)
+    a.python = a.python or cache.get("DDP_PYTHON") or "/usr/bin/python3"
+    a.torch_dir = cache.get("Torch_DIR", "")
+    a.device, a.smoke, a.argv = "cpu", False, argv
+    return a
+
+
 def cpu_times():
     """(busy, total) jiffies of the whole machine, from /proc/stat."""
     with open("/proc/stat") as f:
