@@ -283,9 +283,9 @@ TEST(FullyShard, Errors) {
     torch::OrderedDict<std::string, at::Tensor> bad;
     bad.insert("inp.weight", torch::zeros({2, 2}));
     expect_error([&] { load_full_state_dict(*net, bad); },
-                 "parameter 'inp.weight' is [2, 2] in the state dict but the model's is [5, 6]");
+                 "'inp.weight' is [2, 2] in the state dict but the model's is [5, 6]");
     expect_error([&] { load_full_state_dict(*net, torch::OrderedDict<std::string, at::Tensor>()); },
-                 "parameter 'inp.weight' is missing in the state dict");
+                 "'inp.weight' is missing in the state dict");
 
     // A forward without backward leaves the root gathered; a change made
     // to it then would be lost at the next gather.
@@ -296,6 +296,17 @@ TEST(FullyShard, Errors) {
       net->inp->weight.add_(1.0);
     }
     expect_error([&] { reshard(*net); }, "'inp.weight' was changed in place while gathered");
+  });
+}
+
+TEST(FullyShard, AParameterWhoseDataWasReplacedIsNamed) {
+  run_ranks(2, [&](int rank) {
+    Net net = model_like(initial_values());
+    shard(net);
+    net->to(at::kDouble);  // replaces every parameter's data
+    auto [x, y] = batch(0, rank, 2);
+    expect_error([&] { net(x.to(at::kDouble)); },
+                 "parameter 'inp.weight' no longer holds its shard");
   });
 }
 

@@ -67,8 +67,22 @@
 // Beyond FSDP2: a parameter of a unit that got no gradient on a rank in a
 // backward where its unit ran backward counts as zeros there (the ranks
 // must make the same collectives); without any unit backward it stays
-// undefined. Not yet: MixedPrecisionPolicy, prefetching the next unit's
-// gather, CUDA streams (the unit collectives are ordered on the host).
+// undefined. requires_grad may change between iterations. Not yet:
+// MixedPrecisionPolicy, prefetching the next unit's gather, CUDA streams
+// (the unit collectives are ordered on the host).
+//
+// What a user must know:
+//   - what the loss needs from a unit must leave its forward as an output
+//     (a tensor kept aside, e.g. an auxiliary loss in a member, reads a
+//     parameter that was resharded: autograd's "modified by an inplace
+//     operation" error in backward, never a silently wrong gradient);
+//   - the gradients summed with set_requires_gradient_sync(false) are not
+//     in .grad() (they are full-sized): Optimizer::zero_grad() does not
+//     clear them; the next backward with sync on reduces them;
+//   - buffers (BatchNorm's running statistics) are neither sharded nor
+//     synchronised, as in FSDP2; full_state_dict gives the calling rank's;
+//   - a 0-dim parameter's shard is a 1-element tensor on rank 0 and an
+//     empty one elsewhere.
 //
 // Errors (ddp::InvalidArgument, nothing sent): fully_shard on a unit whose
 // parameters sit in a unit not yet sharded inside it (shard inner units
@@ -106,7 +120,7 @@ namespace detail {
 class FsdpUnit;
 // Runs a unit's forward: gathers before it, registers the pre-backward
 // hooks on its outputs and reshards after it (src/fsdp/fsdp_unit.cc).
-void fsdp_pre_forward(FsdpUnit& unit);
+void fsdp_pre_forward(FsdpUnit& unit, const std::vector<at::Tensor>& inputs);
 void fsdp_post_forward(FsdpUnit& unit, const std::vector<at::Tensor>& outputs,
                        bool outputs_known);
 }  // namespace detail
@@ -137,7 +151,9 @@ class FullyShardImpl : public Impl, public FullyShardUnit {
   decltype(auto) forward(Args&&... args) {
     detail::FsdpUnit* unit = fsdp_state();
     if (unit == nullptr) return Impl::forward(std::forward<Args>(args)...);
-    detail::fsdp_pre_forward(*unit);
+    std::vector<at::Tensor> inputs;
+    (detail::try_collect_tensors(args, inputs), ...);
+    detail::fsdp_pre_forward(*unit, inputs);
     decltype(auto) out = Impl::forward(std::forward<Args>(args)...);
     std::vector<at::Tensor> outputs;
     const bool known = detail::try_collect_tensors(out, outputs);
@@ -166,7 +182,10 @@ class FullyShard : public torch::nn::ModuleHolder<FullyShardImpl<Impl>> {
 // group's ranks: its parameters, less those of units inside it (which must
 // be sharded already), become this rank's shards. Every rank of the group
 // calls it, with the same model (same names, shapes and values: the
-// parameters are not broadcast; seed them alike or load a state dict).
+// parameters are not broadcast; seed them alike or load a state dict), on
+// its device and in its dtype: Module::to() or loading into the module
+// afterwards replaces the shards (InvalidArgument at the next forward; use
+// load_full_state_dict).
 void fully_shard(FullyShardUnit& unit, const FullyShardOptions& options = {});
 template <typename Impl>
 void fully_shard(const FullyShard<Impl>& unit, const FullyShardOptions& options = {}) {
@@ -187,7 +206,10 @@ void reshard(FullyShardUnit& root);
 // compare with an unsharded model.
 torch::OrderedDict<std::string, at::Tensor> full_state_dict(FullyShardUnit& root);
 // Loads full-sized values (names as full_state_dict gives them) into the
-// shards; each rank copies its own rows. No communication.
+// shards; each rank copies its own rows (values are cast to the
+// parameters' dtype). No communication. Strict and all-or-nothing: a
+// missing or extra name, or a shape that differs, is an InvalidArgument
+// before anything is written. Gathered parameters are resharded first.
 void load_full_state_dict(FullyShardUnit& root,
                           const torch::OrderedDict<std::string, at::Tensor>& state);
 

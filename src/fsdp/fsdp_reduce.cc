@@ -14,7 +14,7 @@ namespace ddp::detail {
 void FsdpUnit::pack_grads() {
   at::NoGradGuard no_grad;
   phase_ = Phase::kPacked;
-  needs_reduce_ = tree_->grad_sync;
+  needs_reduce_ = tree_->grad_sync && any_trainable();
   if (!needs_reduce_) {  // accumulate locally, full-sized
     for (FsdpParam& p : params_) {
       at::Tensor g = p.param.grad();
@@ -22,7 +22,7 @@ void FsdpUnit::pack_grads() {
       p.unsynced_grad = p.unsynced_grad.defined() ? p.unsynced_grad.add_(g) : g;
       p.param.mutable_grad() = at::Tensor();
     }
-    if (all_trainable_) reshard();
+    reshard();
     return;
   }
   const int64_t world = group_->size();
@@ -45,9 +45,7 @@ void FsdpUnit::pack_grads() {
           .copy_(g.reshape({l.rows, l.row_numel}).narrow(0, first, n));
     }
   }
-  // A frozen parameter may still be read by the rest of the unit's backward
-  // (the gradient of the unit's input): such units reshard at the end.
-  if (all_trainable_) reshard();
+  reshard();
 }
 
 void FsdpUnit::issue_reduce() {
@@ -105,29 +103,30 @@ void FsdpTree::queue_end_of_backward() {
   torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
 }
 
-void FsdpTree::issue_ready() {
-  while (issued < backward_order.size() && backward_order[issued]->packed()) {
-    backward_order[issued++]->issue_reduce();
-  }
-}
-
 void FsdpTree::end_of_backward() {
   std::lock_guard<std::recursive_mutex> lock(mu);
   callback_queued = false;
-  // Units still waiting for a gradient: what they have, zeros for the rest.
-  for (size_t i = issued; i < backward_order.size(); ++i) {
-    if (backward_order[i]->in_backward()) backward_order[i]->pack_grads();
+  // Units whose post-backward did not come, in the order their backwards
+  // began: what they have, zeros for the rest.
+  for (const auto& u : backward_order) {
+    if (u->in_backward()) u->pack_grads();
+    if (u->packed()) u->issue_reduce();
   }
-  issue_ready();
   std::vector<std::shared_ptr<FsdpUnit>> done;
   done.swap(backward_order);
-  issued = 0;
-  // Every unit's parameters back to shards (units with a frozen parameter,
-  // and any whose backward never came) before the shard gradients land.
-  for (const auto& w : units) {
-    if (auto u = w.lock()) u->reshard();
-  }
+  // Every unit's parameters back to shards before the shard gradients land.
+  reshard_all();
   for (const auto& u : done) u->finish_reduce();
+}
+
+void FsdpTree::reshard_all() {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  for (const auto& w : units) {
+    if (auto u = w.lock()) {
+      u->reshard();
+      u->reset_backward_counts();
+    }
+  }
 }
 
 }  // namespace ddp::detail

@@ -48,6 +48,25 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
   void (FsdpUnit::*fn_)(size_t);
 };
 
+// Note [Shard and full in one parameter]: the stand-in version counter.
+void put_version_aside(FsdpParam& p) {
+  if (p.real_version) return;
+  p.real_version = torch::autograd::impl::version_counter(p.param);
+  torch::autograd::impl::set_version_counter(
+      p.param, c10::VariableVersion(p.real_version->current_version() + 1));
+}
+
+void restore_version(FsdpParam& p) {
+  if (!p.real_version) return;
+  const uint32_t changes =
+      torch::autograd::impl::version_counter(p.param).current_version() -
+      (p.real_version->current_version() + 1);
+  c10::VariableVersion real = *p.real_version;
+  for (uint32_t i = 0; i < changes; ++i) real.bump();
+  torch::autograd::impl::set_version_counter(p.param, real);
+  p.real_version.reset();
+}
+
 // A parameter's rows as [rows, row_numel] (a 0-dim one as [1, 1]).
 at::Tensor as_rows(const at::Tensor& t, const ParamShard& l) {
   return t.reshape({l.rows, l.row_numel});
@@ -111,25 +130,42 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<std::pair<std::string, at::Tens
       p.param.mutable_grad() =
           as_rows(grad, l).narrow(0, first_row, l.local_rows).reshape(l.shard_sizes).clone();
     }
-    if (p.param.requires_grad()) ++trainable_;
-    else all_trainable_ = false;
     params_.push_back(std::move(p));
   }
 }
 
 void FsdpUnit::install_hooks() {
+  sync_hooks();
+  for (FsdpParam& p : params_) {
+    p.param.set_data(p.shard);
+    release_storage(p.full);
+    put_version_aside(p);
+  }
+}
+
+// A hook on the grad accumulator of every parameter that requires grad now
+// (requires_grad may change between iterations). Only while the parameters
+// are full-sized: Note [Shard and full in one parameter].
+void FsdpUnit::sync_hooks() {
   std::weak_ptr<FsdpUnit> self = weak_from_this();
   for (size_t i = 0; i < params_.size(); ++i) {
     FsdpParam& p = params_[i];
-    if (p.param.requires_grad()) {
-      // Taken while the parameter is full-sized: Note [Shard and full ...].
+    if (p.param.requires_grad() && !p.accumulator) {
       p.accumulator = torch::autograd::impl::grad_accumulator(p.param);
       p.hook_key = p.accumulator->add_post_hook(
           std::make_unique<GradReadyHook>(self, i, &FsdpUnit::on_grad_ready));
+    } else if (!p.param.requires_grad() && p.accumulator) {
+      p.accumulator->del_post_hook(p.hook_key);
+      p.accumulator = nullptr;
     }
-    p.param.set_data(p.shard);
-    release_storage(p.full);
   }
+}
+
+bool FsdpUnit::any_trainable() const {
+  for (const FsdpParam& p : params_) {
+    if (p.param.requires_grad()) return true;
+  }
+  return false;
 }
 
 FsdpUnit::~FsdpUnit() {
@@ -144,6 +180,18 @@ bool FsdpUnit::is_root() const {
 
 void FsdpUnit::unshard() {
   if (unsharded_) return;
+  for (const FsdpParam& p : params_) {
+    // Module::to(), set_data() or a state dict loaded into the module give
+    // the parameter new data the gathers would never see.
+    if (p.param.storage().unsafeGetStorageImpl() != flat_shard_.storage().unsafeGetStorageImpl()) {
+      throw InvalidArgument(fmt::format(
+          "fully_shard({}): parameter '{}' no longer holds its shard (its data was replaced "
+          "after fully_shard: Module::to(), set_data(), or a state dict loaded into the "
+          "module): move the model and load its values before fully_shard, or use "
+          "ddp::load_full_state_dict",
+          name_, p.name));
+    }
+  }
   const int64_t world = group_->size();
   at::NoGradGuard no_grad;
   at::Tensor gathered = at::empty({world * shard_numel_}, flat_shard_.options());
@@ -159,9 +207,11 @@ void FsdpUnit::unshard() {
       p.full.view({l.rows, l.row_numel}).copy_(pieces);
     }
     p.param.set_data(p.full);
+    restore_version(p);
     p.version_at_gather = p.param._version();
   }
   unsharded_ = true;
+  sync_hooks();
 }
 
 void FsdpUnit::reshard() {
@@ -181,19 +231,31 @@ void FsdpUnit::reshard() {
     p.stashed_grad = at::Tensor();
     p.param.set_data(p.shard);
     release_storage(p.full);
+    put_version_aside(p);
   }
   unsharded_ = false;
   grads_stashed_ = false;
 }
 
-void FsdpUnit::pre_forward() {
+void FsdpUnit::pre_forward(const std::vector<at::Tensor>& inputs) {
   std::lock_guard<std::recursive_mutex> lock(tree_->mu);
   unshard();
+  if (!at::GradMode::is_enabled()) return;
+  // Note [Unit backward protocol]: the unit's backward is over when the
+  // gradients of its inputs are computed.
+  std::weak_ptr<FsdpUnit> self = weak_from_this();
+  for (const at::Tensor& t : inputs) {
+    if (!t.defined() || !t.requires_grad()) continue;
+    t.register_hook([self](at::Tensor) {
+      if (auto u = self.lock()) u->post_backward();
+    });
+    ++post_backward_expected_;
+  }
 }
 
 void FsdpUnit::post_forward(const std::vector<at::Tensor>& outputs, bool outputs_known) {
   std::lock_guard<std::recursive_mutex> lock(tree_->mu);
-  if (!at::GradMode::is_enabled() || trainable_ == 0) {
+  if (!at::GradMode::is_enabled()) {
     reshard();  // no backward comes through this unit
     return;
   }
@@ -221,8 +283,6 @@ void FsdpUnit::pre_backward() {
   std::lock_guard<std::recursive_mutex> lock(tree_->mu);
   if (phase_ == Phase::kInBackward) return;
   phase_ = Phase::kInBackward;
-  ready_count_ = 0;
-  for (FsdpParam& p : params_) p.ready = false;
   tree_->queue_end_of_backward();
   tree_->backward_order.push_back(shared_from_this());
   // The shard gradients wait while autograd accumulates full-sized ones.
@@ -236,22 +296,38 @@ void FsdpUnit::pre_backward() {
   unshard();
 }
 
+void FsdpUnit::post_backward() {
+  std::lock_guard<std::recursive_mutex> lock(tree_->mu);
+  ++post_backward_seen_;
+  if (phase_ == Phase::kInBackward && post_backward_seen_ >= post_backward_expected_) {
+    pack_grads();
+    issue_reduce();
+  }
+}
+
+void FsdpUnit::reset_backward_counts() {
+  post_backward_expected_ = 0;
+  post_backward_seen_ = 0;
+}
+
 void FsdpUnit::on_grad_ready(size_t index) {
   std::lock_guard<std::recursive_mutex> lock(tree_->mu);
-  FsdpParam& p = params_[index];
-  if (phase_ != Phase::kInBackward) {
+  if (phase_ == Phase::kInBackward) return;
+  const FsdpParam& p = params_[index];
+  if (phase_ == Phase::kIdle) {
     throw InvalidArgument(fmt::format(
         "fully_shard({}): parameter '{}' got a gradient outside the unit's backward: it "
         "was used outside the unit's forward (a parameter of a unit is only gathered "
         "inside that unit's forward; move the use into it or into a unit containing both)",
         name_, p.name));
   }
-  if (p.ready) return;
-  p.ready = true;
-  if (++ready_count_ == trainable_) {
-    pack_grads();
-    tree_->issue_ready();
-  }
+  throw InvalidArgument(fmt::format(
+      "fully_shard({}): parameter '{}' got its gradient after the unit's backward was over "
+      "(its inputs' gradients were computed and its gradients reduced): it was also used "
+      "outside the unit's forward, e.g. in a tensor kept aside rather than returned; "
+      "return what the loss needs from the unit's forward, or shard a unit containing both "
+      "uses",
+      name_, p.name));
 }
 
 }  // namespace ddp::detail

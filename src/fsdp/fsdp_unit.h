@@ -18,21 +18,35 @@
 // and the shard gradient waits in `stashed_grad`. Between a forward that
 // keeps the parameters gathered and its backward, .grad() keeps the shard
 // gradient: an optimizer step then fails on the shapes instead of silently
-// skipping parameters whose gradient was put aside.
+// skipping parameters whose gradient was put aside. While sharded, the
+// parameter counts its versions on a stand-in counter, one ahead of its
+// own: a node autograd saved the parameter in, and which runs before the
+// unit's pre-backward gathers it again (a use outside the unit's outputs:
+// an auxiliary loss kept in a member), fails autograd's version check
+// instead of reading the shard; at the gather the parameter's own counter
+// comes back, advanced by the in-place changes (an optimizer step) made
+// meanwhile, so those fail the check too.
 //
-// Note [Unit backward protocol]: pre-backward = a hook on the unit's
-// forward outputs (the first gradient to reach any of them): gather again
-// when resharded, and queue the tree's end-of-backward callback once. A
-// post hook on each parameter's grad accumulator counts the parameter
-// ready; when all of the unit's trainable ones are, its gradients go to
-// one reduce-scatter (async; the backward of earlier units runs meanwhile),
-// the full gradients and parameters are freed (a unit with a frozen
-// parameter keeps its parameters until the end of backward: the rest of its
-// backward may still read the frozen one). At the end of backward the
-// callback reduces units that never became complete (missing gradients
-// count as zeros on that rank, so every rank issues the same collectives),
-// waits for every reduce-scatter, adds each shard gradient to the stashed
-// one, and reshards any unit still gathered.
+// Note [Unit backward protocol]: every collective of a tree must come in the
+// same order on every rank, so each one is issued at a point the graph's
+// structure fixes, never at a point that depends on which gradients a rank
+// happens to produce. Pre-backward = a hook on the unit's forward outputs
+// (the first gradient to reach any of them): gather again when resharded,
+// and queue the tree's end-of-backward callback once. Post-backward = a hook
+// on each of forward's tensor inputs that require grad (FSDP2's
+// RegisterPostBackwardFunction): when all of them have their gradient, the
+// unit's backward is over (the engine runs the unit's nodes, and the grad
+// accumulators, before the node producing the input), so its gradients go
+// to one reduce-scatter (async; the backward of earlier units runs
+// meanwhile), with zeros for parameters that got none on this rank, and the
+// full gradients and parameters are freed. Units whose inputs need no
+// gradient (the first layers, usually the root) are reduced by the
+// end-of-backward callback, in the order their backwards began; it then
+// waits for every reduce-scatter, reshards every unit still gathered and
+// adds each shard gradient to the stashed one. A grad accumulator hook on
+// each trainable parameter catches a gradient that arrives after its unit
+// was reduced (a use outside the unit's forward): an error, not a lost
+// gradient.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -40,6 +54,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,7 +79,9 @@ struct FsdpParam {
   compat::NodePtr accumulator;
   uintptr_t hook_key = 0;
   int64_t version_at_gather = 0;  // to catch a step on the full parameter
-  bool ready = false;
+  // While sharded, the parameter's own version counter is put aside here
+  // and it counts on a stand-in (Note [Shard and full in one parameter]).
+  std::optional<c10::VariableVersion> real_version;
 };
 
 class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
@@ -75,8 +92,10 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
                                           const FullyShardOptions& options);
   ~FsdpUnit();
 
-  void pre_forward();
+  // inputs: forward's tensor arguments (Note [Unit backward protocol]).
+  void pre_forward(const std::vector<at::Tensor>& inputs);
   void post_forward(const std::vector<at::Tensor>& outputs, bool outputs_known);
+  void reset_backward_counts();  // a new iteration: no post-backward expected
   void reshard();
 
   // Note [Unit backward protocol], driven by FsdpTree under its mutex.
@@ -99,8 +118,11 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
   FsdpUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params,
            const FullyShardOptions& options);
   void install_hooks();
+  void sync_hooks();
+  bool any_trainable() const;
   void unshard();
   void pre_backward();
+  void post_backward();
   void on_grad_ready(size_t index);
 
   std::string name_;
@@ -114,9 +136,8 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
   enum class Phase { kIdle, kInBackward, kPacked, kIssued };
   Phase phase_ = Phase::kIdle;  // this backward's progress
   bool needs_reduce_ = false;   // packed with gradient sync on
-  int trainable_ = 0;
-  bool all_trainable_ = true;  // no frozen parameter: reshard when packed
-  int ready_count_ = 0;
+  int post_backward_expected_ = 0;  // input hooks registered since the last backward
+  int post_backward_seen_ = 0;
   // The reduce-scatter in flight: its output (S elements) and handle.
   at::Tensor reduced_;
   at::Tensor reduce_input_;
@@ -125,21 +146,16 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
 };
 
 // Every unit under one root (the root last), and the per-backward state.
-// Reduce-scatters are issued in the order the units' backwards began (the
-// same on every rank), whatever order their gradients complete in: a unit
-// waiting on a gradient that one rank does not produce holds back the
-// units after it instead of crossing the ranks' collectives.
 struct FsdpTree {
   std::vector<std::weak_ptr<FsdpUnit>> units;  // the root last
-  std::vector<std::shared_ptr<FsdpUnit>> backward_order;
-  size_t issued = 0;  // backward_order[0, issued) have their collective out
+  std::vector<std::shared_ptr<FsdpUnit>> backward_order;  // this backward's units
   bool grad_sync = true;
   bool callback_queued = false;
   std::recursive_mutex mu;  // hooks may run on autograd's threads
 
   void queue_end_of_backward();
-  void issue_ready();
   void end_of_backward();
+  void reshard_all();  // and forget expected post-backwards
 };
 
 }  // namespace ddp::detail

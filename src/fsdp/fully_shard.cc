@@ -18,7 +18,9 @@
 namespace ddp {
 namespace detail {
 
-void fsdp_pre_forward(FsdpUnit& unit) { unit.pre_forward(); }
+void fsdp_pre_forward(FsdpUnit& unit, const std::vector<at::Tensor>& inputs) {
+  unit.pre_forward(inputs);
+}
 void fsdp_post_forward(FsdpUnit& unit, const std::vector<at::Tensor>& outputs,
                        bool outputs_known) {
   unit.post_forward(outputs, outputs_known);
@@ -169,11 +171,7 @@ void set_requires_gradient_sync(FullyShardUnit& root, bool enabled) {
   sharded_root(root, "set_requires_gradient_sync").tree()->grad_sync = enabled;
 }
 
-void reshard(FullyShardUnit& root) {
-  for (const auto& w : sharded_root(root, "reshard").tree()->units) {
-    if (auto u = w.lock()) u->reshard();
-  }
-}
+void reshard(FullyShardUnit& root) { sharded_root(root, "reshard").tree()->reshard_all(); }
 
 torch::OrderedDict<std::string, at::Tensor> full_state_dict(FullyShardUnit& root) {
   detail::FsdpUnit& state = sharded_root(root, "full_state_dict");
@@ -194,28 +192,45 @@ void load_full_state_dict(FullyShardUnit& root,
                           const torch::OrderedDict<std::string, at::Tensor>& state) {
   detail::FsdpUnit& s = sharded_root(root, "load_full_state_dict");
   const auto index = param_index(s);
-  at::NoGradGuard no_grad;
   torch::nn::Module& m = root.unit_module();
-  for (const auto& item : m.named_parameters(/*recurse=*/true)) {
-    const at::Tensor* value = state.find(item.key());
+  const auto params = m.named_parameters(/*recurse=*/true);
+  const auto buffers = m.named_buffers(/*recurse=*/true);
+  // Everything checked before anything is written (PyTorch's strict load).
+  auto check = [&](const std::string& name, c10::IntArrayRef want) {
+    const at::Tensor* value = state.find(name);
+    if (value == nullptr || value->sizes() != want) {
+      throw InvalidArgument(fmt::format(
+          "load_full_state_dict: '{}' is {} in the state dict but the model's is {}: load a "
+          "state dict of this model (full_state_dict gives one); nothing was loaded",
+          name, value ? c10::str(value->sizes()) : std::string("missing"), c10::str(want)));
+    }
+  };
+  for (const auto& item : params) {
+    auto [unit, i] = index.at(item.value().unsafeGetTensorImpl());
+    check(item.key(), unit->params()[i].layout.full_sizes);
+  }
+  for (const auto& item : buffers) check(item.key(), item.value().sizes());
+  for (const auto& item : state) {
+    if (!params.contains(item.key()) && !buffers.contains(item.key())) {
+      throw InvalidArgument(fmt::format(
+          "load_full_state_dict: the state dict has '{}', which the model does not: load a "
+          "state dict of this model (full_state_dict gives one); nothing was loaded",
+          item.key()));
+    }
+  }
+  // Gathered parameters would keep their old values until the next reshard.
+  s.tree()->reshard_all();
+  at::NoGradGuard no_grad;
+  for (const auto& item : params) {
     auto [unit, i] = index.at(item.value().unsafeGetTensorImpl());
     detail::FsdpParam& p = unit->params()[i];
-    if (value == nullptr || value->sizes().vec() != p.layout.full_sizes) {
-      throw InvalidArgument(fmt::format(
-          "load_full_state_dict: parameter '{}' is {} in the state dict but the model's is "
-          "{}: load a state dict of this model (full_state_dict gives one)",
-          item.key(), value ? c10::str(value->sizes()) : std::string("missing"),
-          c10::str(c10::IntArrayRef(p.layout.full_sizes))));
-    }
     const detail::ParamShard& l = p.layout;
     if (l.local_numel() == 0) continue;
     const int64_t first = unit->group()->rank() * l.chunk_rows;
     p.shard.view({l.local_rows, l.row_numel})
-        .copy_(value->reshape({l.rows, l.row_numel}).narrow(0, first, l.local_rows));
+        .copy_(state[item.key()].reshape({l.rows, l.row_numel}).narrow(0, first, l.local_rows));
   }
-  for (const auto& item : m.named_buffers(/*recurse=*/true)) {
-    if (const at::Tensor* value = state.find(item.key())) item.value().copy_(*value);
-  }
+  for (const auto& item : buffers) item.value().copy_(state[item.key()]);
 }
 
 double clip_grad_norm_(FullyShardUnit& root, double max_norm, double norm_type) {
