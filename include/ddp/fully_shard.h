@@ -104,7 +104,12 @@
 #include <vector>
 
 #include "ddp/distributed_data_parallel.h"  // collect_tensors
+#include "ddp/optimizer_state.h"
 #include "ddp/process_group.h"
+
+namespace torch::optim {
+class Optimizer;
+}
 
 namespace ddp {
 
@@ -212,6 +217,36 @@ torch::OrderedDict<std::string, at::Tensor> full_state_dict(FullyShardUnit& root
 // before anything is written. Gathered parameters are resharded first.
 void load_full_state_dict(FullyShardUnit& root,
                           const torch::OrderedDict<std::string, at::Tensor>& state);
+
+// The optimizer's state as the unsharded model's optimizer would hold it
+// (FSDP2's get_optimizer_state_dict with full_state_dict): every
+// per-parameter state tensor of a sharded parameter's shard shape (Adam's
+// exp_avg, SGD's momentum_buffer) gathered to the parameter's full shape,
+// on every rank; the rest (step counts, each group's options) as they are.
+// A collective. The parameters' order is the optimizer's. It loads into an
+// unsharded optimizer of the same model or, with
+// load_full_optimizer_state_dict, into the shards of any world size.
+// Supported optimizers: SGD, Adam, AdamW, Adagrad, RMSprop (others:
+// InvalidArgument). Ranks whose optimizer state differs in which
+// parameters have state (a step taken on one rank only) fail on every rank
+// naming the first such parameter.
+OptimizerState full_optimizer_state_dict(FullyShardUnit& root,
+                                         const torch::optim::Optimizer& optimizer);
+// Takes this rank's rows of every full-shaped state tensor of `state` (as
+// full_optimizer_state_dict, or a plain optimizer's state on the unsharded
+// model, or a ddp checkpoint's) into `optimizer`, which steps root's
+// shards. No communication. Validated first (InvalidArgument naming
+// `source` and the parameter): on error the optimizer is unchanged.
+void load_full_optimizer_state_dict(FullyShardUnit& root, torch::optim::Optimizer& optimizer,
+                                    const OptimizerState& state,
+                                    const std::string& source = "state dict");
+
+// Checkpoints (ddp/checkpoint.h) take a sharded root as their model:
+// save_checkpoint writes the full state dict and the full optimizer state
+// (gathered on every rank, written by rank 0: a file that any world size,
+// sharded or not, and torch.load read), and restore_checkpoint loads each
+// rank's rows of them. A model that holds sharded units but is not the
+// sharded root is refused there.
 
 // torch.nn.utils.clip_grad_norm_ over the sharded gradients: the total norm
 // of the whole model's gradient (an all_reduce of the shards' sums),

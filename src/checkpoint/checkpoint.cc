@@ -11,6 +11,7 @@
 #include <c10/util/Type.h>
 #include <torch/optim/optimizer.h>
 
+#include <optional>
 #include <typeinfo>
 
 #include "call_scope.h"
@@ -19,6 +20,7 @@
 #include "ddp/collectives.h"
 #include "ddp/error.h"
 #include "error_signs.h"
+#include "fsdp/fsdp_checkpoint.h"
 #include "optimizer_state.h"
 #include "tensor_text.h"
 #include "torch_save.h"
@@ -72,6 +74,18 @@ namespace {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// A "module." common to all keys dropped (a wrapper's submodule).
+void drop_module_prefix(NamedTensors& out) {
+  const std::string prefix = "module.";
+  bool all_prefixed = !out.empty();
+  for (const auto& [name, t] : out) {
+    all_prefixed = all_prefixed && name.compare(0, prefix.size(), prefix) == 0;
+  }
+  if (all_prefixed) {
+    for (auto& entry : out) entry.first.erase(0, prefix.size());
+  }
+}
+
 // Parameters then buffers, with a "module." common to all keys dropped.
 NamedTensors named_state(const torch::nn::Module& model) {
   NamedTensors out;
@@ -81,13 +95,23 @@ NamedTensors named_state(const torch::nn::Module& model) {
   for (const auto& b : model.named_buffers(/*recurse=*/true)) {
     if (b.value().defined()) out.emplace_back(b.key(), b.value());
   }
-  const std::string prefix = "module.";
-  bool all_prefixed = !out.empty();
-  for (const auto& [name, t] : out) {
-    all_prefixed = all_prefixed && name.compare(0, prefix.size(), prefix) == 0;
-  }
-  if (all_prefixed) {
-    for (auto& entry : out) entry.first.erase(0, prefix.size());
+  drop_module_prefix(out);
+  return out;
+}
+
+// A sharded root's full state (fully_shard.h, "Checkpoints"), gathered on
+// every rank: a collective of the units' group.
+struct FullState {
+  NamedTensors model;
+  std::shared_ptr<const OptimizerState> optimizer;
+};
+FullState gather_full_state(FullyShardUnit& root, const torch::optim::Optimizer* optimizer) {
+  FullState out;
+  for (const auto& item : full_state_dict(root)) out.model.emplace_back(item.key(), item.value());
+  drop_module_prefix(out.model);
+  if (optimizer != nullptr) {
+    out.optimizer =
+        std::make_shared<const OptimizerState>(full_optimizer_state_dict(root, *optimizer));
   }
   return out;
 }
@@ -166,14 +190,16 @@ void write_checkpoint(const std::string& dir, Checkpoint ckpt,
 
 }  // namespace
 
-Checkpoint capture_checkpoint(const torch::nn::Module& model,
-                              const torch::optim::Optimizer* optimizer,
-                              int64_t epoch, int64_t step) {
+namespace {
+
+Checkpoint capture_from(const NamedTensors& state,
+                        std::shared_ptr<const OptimizerState> optimizer, int64_t epoch,
+                        int64_t step) {
   check_epoch_step(epoch, step);
   Checkpoint c;
   c.epoch = epoch;
   c.step = step;
-  for (const auto& [name, t] : named_state(model)) {
+  for (const auto& [name, t] : state) {
     if (c.model.contains(name)) {
       throw InvalidArgument("checkpoint: the model has two tensors named '" +
                             name + "' (after dropping \"module.\")");
@@ -181,18 +207,37 @@ Checkpoint capture_checkpoint(const torch::nn::Module& model,
     c.model.insert(name, t.detach().to(at::TensorOptions().device(at::kCPU),
                                        /*non_blocking=*/false, /*copy=*/true));
   }
-  if (optimizer != nullptr) {
-    c.optimizer = std::make_shared<const OptimizerState>(
-        detail::capture_optimizer(*optimizer));
-  }
+  c.optimizer = std::move(optimizer);
   c.rng.push_back(detail::capture_rng());
   return c;
+}
+
+}  // namespace
+
+Checkpoint capture_checkpoint(const torch::nn::Module& model,
+                              const torch::optim::Optimizer* optimizer,
+                              int64_t epoch, int64_t step) {
+  if (detail::checkpoint_root(model, "capture_checkpoint") != nullptr) {
+    throw InvalidArgument(
+        "capture_checkpoint: the model is sharded (fully_shard), and this rank holds only its "
+        "shards; use save_checkpoint (a collective that gathers the full state), or "
+        "full_state_dict and full_optimizer_state_dict");
+  }
+  std::shared_ptr<const OptimizerState> state;
+  if (optimizer != nullptr) {
+    state = std::make_shared<const OptimizerState>(detail::capture_optimizer(*optimizer));
+  }
+  return capture_from(named_state(model), std::move(state), epoch, step);
 }
 
 void restore_checkpoint(const Checkpoint& ckpt, torch::nn::Module& model,
                         torch::optim::Optimizer* optimizer,
                         const RestoreOptions& options) {
-  NamedTensors live = named_state(model);
+  FullyShardUnit* root = detail::checkpoint_root(model, "restore_checkpoint");
+  NamedTensors live = root ? detail::full_shape_state(*root) : named_state(model);
+  std::vector<std::string> own_names;  // before "module." is dropped
+  for (const auto& entry : live) own_names.push_back(entry.first);
+  drop_module_prefix(live);
   check_fits(ckpt, live);
   int rank = options.rank;
   if (rank < 0) rank = is_initialized() ? get_rank() : 0;
@@ -209,9 +254,17 @@ void restore_checkpoint(const Checkpoint& ckpt, torch::nn::Module& model,
   }
   if (options.optimizer && optimizer != nullptr && ckpt.optimizer) {
     // Validates fully before changing the optimizer; the model is next.
-    detail::restore_optimizer(*ckpt.optimizer, *optimizer, ckpt.path);
+    if (root != nullptr) {
+      load_full_optimizer_state_dict(*root, *optimizer, *ckpt.optimizer, ckpt.path);
+    } else {
+      detail::restore_optimizer(*ckpt.optimizer, *optimizer, ckpt.path);
+    }
   }
-  {
+  if (root != nullptr) {  // each rank takes its rows (check_fits checked all)
+    torch::OrderedDict<std::string, at::Tensor> full;
+    for (size_t i = 0; i < live.size(); ++i) full.insert(own_names[i], ckpt.model[i].value());
+    load_full_state_dict(*root, full);
+  } else {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < live.size(); ++i) {
       live[i].second.copy_(ckpt.model[i].value());
@@ -240,6 +293,11 @@ std::string save_checkpoint(const std::string& dir,
     }
     sharded->consolidate_state_dict(0);
   }
+  // A sharded model's full state, gathered on every rank of its group.
+  std::optional<FullState> full;
+  if (FullyShardUnit* root = detail::checkpoint_root(model, "save_checkpoint")) {
+    full = gather_full_state(*root, optimizer);
+  }
   CollectiveOptions co;
   co.group = group;
   detail::ByteWriter mine;
@@ -253,7 +311,8 @@ std::string save_checkpoint(const std::string& dir,
   std::string error;
   if (rank == 0) {
     try {
-      Checkpoint c = capture_checkpoint(model, optimizer, epoch, step);
+      Checkpoint c = full ? capture_from(full->model, full->optimizer, epoch, step)
+                          : capture_checkpoint(model, optimizer, epoch, step);
       c.metadata = options.metadata;
       c.rng.clear();
       for (const std::string& b : rngs) {

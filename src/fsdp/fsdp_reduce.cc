@@ -80,18 +80,31 @@ void FsdpUnit::finish_reduce() {
 
 at::Tensor FsdpUnit::gather_full(size_t index) {
   std::lock_guard<std::recursive_mutex> lock(tree_->mu);
-  const ParamShard& l = params_[index].layout;
-  const int64_t world = group_->size();
+  const FsdpParam& p = params_[index];
+  return gather_rows(p.layout, p.shard, group_);
+}
+
+at::Tensor gather_rows(const ParamShard& l, const at::Tensor& local,
+                       const ProcessGroupPtr& group) {
+  const int64_t world = group->size();
   at::NoGradGuard no_grad;
-  at::Tensor out = at::empty({world * l.padded_numel()}, flat_shard_.options());
-  if (l.padded_numel() > 0) {
-    at::Tensor in = flat_shard_.narrow(0, l.offset, l.padded_numel());
-    all_gather_into_tensor(out, in, {group_});
-  }
-  if (l.row_numel == 0) return at::zeros(l.full_sizes, flat_shard_.options());
+  if (l.padded_numel() == 0) return at::zeros(l.full_sizes, local.options());
+  at::Tensor in = at::zeros({l.padded_numel()}, local.options());
+  in.narrow(0, 0, l.local_numel()).copy_(local.reshape({-1}));
+  at::Tensor out = at::empty({world * l.padded_numel()}, local.options());
+  all_gather_into_tensor(out, in, {group});
   return out.view({world * l.chunk_rows, l.row_numel})
       .narrow(0, 0, l.rows)
       .reshape(l.full_sizes)
+      .clone();
+}
+
+at::Tensor local_rows(const ParamShard& l, const at::Tensor& full, int rank) {
+  at::NoGradGuard no_grad;
+  if (l.local_numel() == 0) return at::zeros(l.shard_sizes, full.options());
+  return full.reshape({l.rows, l.row_numel})
+      .narrow(0, rank * l.chunk_rows, l.local_rows)
+      .reshape(l.shard_sizes)
       .clone();
 }
 

@@ -56,6 +56,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -157,5 +158,23 @@ struct FsdpTree {
   void end_of_backward();
   void reshard_all();  // and forget expected post-backwards
 };
+
+// root's sharding state; InvalidArgument naming `what` (the public
+// function) when root is not sharded.
+FsdpUnit& sharded_root(FullyShardUnit& root, const char* what);
+// Each parameter of root's tree by TensorImpl: (its unit, its index there).
+using ParamIndex =
+    std::unordered_map<const c10::TensorImpl*, std::pair<FsdpUnit*, size_t>>;
+ParamIndex param_index(FsdpUnit& root);
+// The unit's name in messages ("BlockImpl").
+std::string unit_name_of(const torch::nn::Module& m);
+
+// The full tensor of which `local` is this rank's rows (shape
+// layout.shard_sizes, e.g. a parameter's shard or an optimizer state of
+// it): padded, all-gathered over `group`, trimmed. A collective.
+at::Tensor gather_rows(const ParamShard& layout, const at::Tensor& local,
+                       const ProcessGroupPtr& group);
+// This rank's rows of `full` (shape layout.full_sizes), a copy.
+at::Tensor local_rows(const ParamShard& layout, const at::Tensor& full, int rank);
 
 }  // namespace ddp::detail

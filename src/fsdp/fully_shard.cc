@@ -141,21 +141,19 @@ void fully_shard(FullyShardUnit& unit, const FullyShardOptions& options) {
   unit.set_fsdp_state(std::move(state));
 }
 
-namespace {
+namespace detail {
 
-detail::FsdpUnit& sharded_root(FullyShardUnit& root, const char* what) {
+FsdpUnit& sharded_root(FullyShardUnit& root, const char* what) {
   if (!root.is_sharded()) {
     throw InvalidArgument(fmt::format("{}({}): the module is not sharded: call "
                                       "ddp::fully_shard on it first",
-                                      what, detail::unit_name_of(root.unit_module())));
+                                      what, unit_name_of(root.unit_module())));
   }
   return *root.fsdp_state();
 }
 
-// Each parameter of root's tree by TensorImpl: (unit, index).
-std::unordered_map<const c10::TensorImpl*, std::pair<detail::FsdpUnit*, size_t>> param_index(
-    detail::FsdpUnit& root) {
-  std::unordered_map<const c10::TensorImpl*, std::pair<detail::FsdpUnit*, size_t>> index;
+ParamIndex param_index(FsdpUnit& root) {
+  ParamIndex index;
   for (const auto& w : root.tree()->units) {
     auto u = w.lock();
     for (size_t i = 0; i < u->params().size(); ++i) {
@@ -165,7 +163,10 @@ std::unordered_map<const c10::TensorImpl*, std::pair<detail::FsdpUnit*, size_t>>
   return index;
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::param_index;
+using detail::sharded_root;
 
 void set_requires_gradient_sync(FullyShardUnit& root, bool enabled) {
   sharded_root(root, "set_requires_gradient_sync").tree()->grad_sync = enabled;

@@ -1,0 +1,27 @@
+// Internal: what ddp's checkpoints (src/checkpoint) need to know of
+// fully_shard: whether a model is a sharded root, whose state they save and
+// load in full (include/ddp/fully_shard.h, "Checkpoints").
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/fully_shard.h"
+
+namespace ddp::detail {
+
+// The sharded root unit `model` is; null when the model holds no sharded
+// unit (an ordinary module). Throws InvalidArgument naming `what` (the
+// checkpoint function) when the model holds shards but is not the root of
+// their tree: its own parameters would be saved as shards.
+FullyShardUnit* checkpoint_root(const torch::nn::Module& model, const char* what);
+
+// root's parameters and buffers by name (named_parameters(),
+// named_buffers()), as the unsharded model has them: each parameter a
+// tensor of its full shape and dtype without storage of its own (a scalar
+// expanded; read only its shape), each buffer itself. For checking a
+// checkpoint against the model before anything is gathered or loaded.
+std::vector<std::pair<std::string, at::Tensor>> full_shape_state(FullyShardUnit& root);
+
+}  // namespace ddp::detail
