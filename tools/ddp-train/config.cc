@@ -139,16 +139,23 @@ TrainConfig parse_args(int argc, char** argv) {
   add_count(app, "--max-steps", c.max_steps, "Stop after this many optimizer steps");
   add_count(app, "--train-samples", c.train_samples, "Use only the first N training images");
   add_count(app, "--test-samples", c.test_samples, "Use only the first N test images");
-  app.add_flag("--find-unused-parameters", c.find_unused_parameters,
-               "DistributedDataParallel's find_unused_parameters");
-  app.add_option("--comm-hook", c.comm_hook,
+  auto* unused = app.add_flag("--find-unused-parameters", c.find_unused_parameters,
+                              "DistributedDataParallel's find_unused_parameters");
+  auto* hook = app.add_option("--comm-hook", c.comm_hook,
                  "How gradient buckets are communicated: none (the built-in all_reduce), "
                  "allreduce, fp16, bf16 (PyTorch's allreduce_hook, fp16_compress_hook, "
                  "bf16_compress_hook), or powersgd-R (powerSGD_hook of rank R = 1, 2 or 4, "
                  "compressing from step 10)")
       ->check(CLI::IsMember({"none", "allreduce", "fp16", "bf16", "powersgd-1", "powersgd-2",
                              "powersgd-4"}));
-  app.add_flag("--static-graph", c.static_graph, "DistributedDataParallel's static_graph");
+  auto* static_graph =
+      app.add_flag("--static-graph", c.static_graph, "DistributedDataParallel's static_graph");
+  app.add_flag("--fully-shard", c.fully_shard,
+               "Fully sharded data parallel (ddp::fully_shard, PyTorch's FSDP2) instead of "
+               "DistributedDataParallel: each rank keeps 1/world_size of the parameters, "
+               "gradients and optimizer state; conv1, conv2, fc1 and fc2 are units")
+      ->excludes(unused)
+      ->excludes(static_graph);
   app.add_flag("--sync-bn", c.sync_bn,
                "SyncBatchNorm: BatchNorm statistics over every rank's batch, as one process "
                "with the global batch would compute them");
@@ -176,6 +183,12 @@ TrainConfig parse_args(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     throw UsageError(cli::usage_error("ddp-train", app, e, std::vector<std::string>(argv + 1, argv + argc)));
   }
+  if (c.fully_shard && c.comm_hook != "none") {
+    throw UsageError(fmt::format(
+        "ddp-train: error: --comm-hook {} is DistributedDataParallel's, and --fully-shard "
+        "reduce-scatters gradients instead: drop one of the two flags (see ddp-train --help)",
+        c.comm_hook));
+  }
   if (c.checkpoint_dir.empty()) c.checkpoint_dir = c.out_dir + "/checkpoints";
   return c;
 }
@@ -186,14 +199,14 @@ std::string describe(const TrainConfig& c, int world_size) {
   };
   return fmt::format(
       "ddp-train: world_size {}, batch {} per process ({} global), {} lr {}{} ({} schedule), {}, "
-      "seed {}, backend {}, device {}, {}{}{}{}{}",
+      "seed {}, backend {}, device {}, {}{}{}{}{}{}",
       world_size, c.batch_size, c.batch_size * world_size, c.optimizer,
       c.scale_lr ? c.lr * world_size : c.lr, c.scale_lr ? " (scaled)" : "", c.schedule,
       count(c.epochs, "epoch", "epochs"), c.seed, c.backend, c.device,
       count(c.workers, "loader thread", "loader threads"), c.sync_bn ? ", SyncBatchNorm" : "",
       c.augment == "none" ? "" : ", augment " + c.augment,
       c.label_smoothing > 0 ? fmt::format(", label smoothing {}", c.label_smoothing) : "",
-      c.amp == "none" ? "" : ", amp " + c.amp);
+      c.amp == "none" ? "" : ", amp " + c.amp, c.fully_shard ? ", fully_shard" : "");
 }
 
 }  // namespace ddp::train

@@ -49,6 +49,10 @@ struct TrainConfig {
   std::string comm_hook = "none";
   bool static_graph = false;
   bool sync_bn = false;        // ddp::SyncBatchNorm instead of BatchNorm2d
+  // ddp::fully_shard instead of DistributedDataParallel: conv1, conv2, fc1
+  // and fc2 are units, the CNN the root (docs/fully_shard.md). Excludes
+  // --comm-hook, --static-graph and --find-unused-parameters (DDP's).
+  bool fully_shard = false;
   int log_every = 50;          // steps between progress lines (not a tty)
   double timeout_s = 600;      // bound on every collective
   int threads = 0;             // torch intra-op threads; 0: OMP_NUM_THREADS or 1

@@ -20,14 +20,16 @@ torch::nn::AnyModule batch_norm(torch::nn::Module& parent, const std::string& na
 
 FashionCnnImpl::FashionCnnImpl(bool sync_bn) {
   namespace nn = torch::nn;
-  conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)));
+  using Conv = ddp::FullyShard<nn::Conv2dImpl>;
+  using Linear = ddp::FullyShard<nn::LinearImpl>;
+  conv1 = register_module("conv1", Conv(nn::Conv2dOptions(1, 32, 3).padding(1)));
   bn1 = batch_norm(*this, "bn1", 32, sync_bn);
-  conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
+  conv2 = register_module("conv2", Conv(nn::Conv2dOptions(32, 64, 3).padding(1)));
   bn2 = batch_norm(*this, "bn2", 64, sync_bn);
   drop1 = register_module("drop1", nn::Dropout(0.25));
-  fc1 = register_module("fc1", nn::Linear(64 * 7 * 7, 128));
+  fc1 = register_module("fc1", Linear(nn::LinearOptions(64 * 7 * 7, 128)));
   drop2 = register_module("drop2", nn::Dropout(0.5));
-  fc2 = register_module("fc2", nn::Linear(128, 10));
+  fc2 = register_module("fc2", Linear(nn::LinearOptions(128, 10)));
 }
 
 at::Tensor FashionCnnImpl::forward(at::Tensor x) {
@@ -43,6 +45,14 @@ at::Tensor FashionCnnImpl::forward(at::Tensor x) {
   x = drop1(x).flatten(1);
   x = drop2(at::relu(fc1(x)));
   return fc2(x);
+}
+
+void fully_shard_cnn(FashionCnn& net) {
+  ddp::fully_shard(net->conv1);
+  ddp::fully_shard(net->conv2);
+  ddp::fully_shard(net->fc1);
+  ddp::fully_shard(net->fc2);
+  ddp::fully_shard(net);
 }
 
 }  // namespace ddp::train

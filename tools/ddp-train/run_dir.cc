@@ -117,7 +117,10 @@ std::string config_record(const TrainConfig& c, int world_size) {
                   {"lr", c.lr},               {"scale_lr", c.scale_lr},
                   {"epochs", c.epochs},       {"world_size", world_size},
                   {"augment", c.augment},     {"label_smoothing", c.label_smoothing},
-                  {"amp", c.amp}};
+                  {"amp", c.amp},
+                  // Informational: a checkpoint holds full state either way,
+                  // so a run may continue sharded or not.
+                  {"parallelism", c.fully_shard ? "fully_shard" : "ddp"}};
   return j.dump();
 }
 

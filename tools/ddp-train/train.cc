@@ -69,6 +69,7 @@ struct Run {
   int rank = 0, world = 1;
   c10::Device device{c10::kCPU};
   FashionCnn net{nullptr};
+  // DDP's wrapper; null with --fully-shard (net is then the sharded root).
   std::unique_ptr<DistributedDataParallel<FashionCnn>> model;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   GradScaler scaler{GradScalerOptions{}};  // set_up: enabled for --amp fp16 only
@@ -130,12 +131,16 @@ void set_up(Run& r) {
   torch::manual_seed(c.seed);  // the same initial weights everywhere
   r.net = FashionCnn(c.sync_bn);
   r.net->to(r.device);
-  DistributedDataParallelOptions o;
-  o.find_unused_parameters = c.find_unused_parameters;
-  o.static_graph = c.static_graph;
-  if (r.device.is_cuda()) o.device_ids = {r.device};
-  r.model = std::make_unique<DistributedDataParallel<FashionCnn>>(r.net, o);
-  register_comm_hook(*r.model, c.comm_hook);
+  if (c.fully_shard) {
+    fully_shard_cnn(r.net);  // the optimizer below steps the shards
+  } else {
+    DistributedDataParallelOptions o;
+    o.find_unused_parameters = c.find_unused_parameters;
+    o.static_graph = c.static_graph;
+    if (r.device.is_cuda()) o.device_ids = {r.device};
+    r.model = std::make_unique<DistributedDataParallel<FashionCnn>>(r.net, o);
+    register_comm_hook(*r.model, c.comm_hook);
+  }
   double lr = c.scale_lr ? c.lr * r.world : c.lr;
   if (c.optimizer == "sgd") {
     r.optimizer = std::make_unique<torch::optim::SGD>(
@@ -146,6 +151,8 @@ void set_up(Run& r) {
   }
   GradScalerOptions scaling;  // PyTorch's defaults; only float16 needs one
   scaling.enabled = c.amp == "fp16";
+  // Shards differ: an inf in one rank's shard must skip the step everywhere.
+  if (c.fully_shard) scaling.process_group = default_group();
   r.scaler = GradScaler(scaling);
   if (c.amp == "fp16" && r.device.is_cpu()) {
     print0("ddp-train: note: --amp fp16 on a CPU runs ATen's slow float16 kernels (seconds per "
@@ -242,6 +249,27 @@ void maybe_resume(Run& r) {
   }
 }
 
+// The model's forward: through DDP's wrapper, or the sharded root's.
+at::Tensor forward(Run& r, const at::Tensor& x) { return r.model ? (*r.model)(x) : r.net(x); }
+
+void set_training(Run& r, bool on) {
+  if (r.model) {
+    r.model->train(on);
+  } else {
+    r.net->train(on);
+  }
+}
+
+// --fully-shard: BatchNorm's running statistics are buffers, which FSDP
+// neither shards nor synchronises; DDP broadcasts rank 0's before every
+// forward, so rank 0's are what a DDP run evaluates and saves. Broadcast
+// before evaluating, the sharded run evaluates (and its replicas check)
+// the same numbers.
+void sync_buffers(Run& r) {
+  if (r.model) return;
+  for (at::Tensor b : r.net->buffers()) broadcast(b, 0);
+}
+
 // --amp bf16|fp16: the forward and the loss under autocast on the run's
 // device (nothing for --amp none).
 std::optional<AutocastGuard> amp_scope(const Run& r) {
@@ -263,7 +291,8 @@ void evaluate(Run& r, EpochRecord& rec) {
   lo.workers = r.config.workers;
   datasets::BatchLoader loader(
       [&](c10::ArrayRef<int64_t> idx) { return r.test_set->get_batch(idx); }, mine, lo);
-  r.model->eval();
+  sync_buffers(r);
+  set_training(r, false);
   torch::NoGradGuard no_grad;
   Metrics m;
   m.add_count("correct", 0);
@@ -272,7 +301,7 @@ void evaluate(Run& r, EpochRecord& rec) {
   while (auto b = loader.next()) {
     at::Tensor x = b->data.to(r.device), y = b->target.to(r.device);
     const std::optional<AutocastGuard> autocast = amp_scope(r);
-    at::Tensor out = (*r.model)(x);
+    at::Tensor out = forward(r, x);
     m.add_mean("loss", at::cross_entropy_loss(out, y).item<double>(), double(y.size(0)));
     m.add_count("correct", out.argmax(1).eq(y).sum().item<int64_t>());
     m.add_count("images", y.size(0));
@@ -281,7 +310,7 @@ void evaluate(Run& r, EpochRecord& rec) {
   rec.test_images = all.count("images");
   rec.test_accuracy = double(all.count("correct")) / double(std::max<int64_t>(rec.test_images, 1));
   rec.test_loss = all.value("loss");
-  r.model->train();
+  set_training(r, true);
 }
 
 // --fault skip-collective: at the step, every rank but the fault rank calls
@@ -387,7 +416,7 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
   int64_t window_steps = 0;
   int signal = 0;
   auto start = Clock::now(), window_start = start;
-  r.model->train();
+  set_training(r, true);
   while (auto b = loader.next()) {
     at::Tensor x = b->data.to(r.device), y = b->target.to(r.device);
     r.optimizer->zero_grad();
@@ -396,7 +425,7 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
     at::Tensor out, loss;
     {
       const std::optional<AutocastGuard> autocast = amp_scope(r);  // --amp
-      out = (*r.model)(x);
+      out = forward(r, x);
       inject_fault(r, out);
       loss = at::cross_entropy_loss(out, y, {}, at::Reduction::Mean, -100, c.label_smoothing);
     }
@@ -438,15 +467,27 @@ EpochProgress train_epoch(Run& r, int epoch, EpochRecord& rec) {
 }
 
 // The point of data parallelism: every replica ends identical. Checked with
-// an exact checksum of all parameters and buffers, gathered from every rank.
+// an exact checksum of all parameters and buffers, gathered from every rank
+// (with --fully-shard, of the full parameters gathered from the shards and
+// of each rank's buffers: that the shards make one model, and that the
+// buffers were synchronised).
 void check_replicas(Run& r) {
   double sum = 0, abs_sum = 0;
+  std::vector<at::Tensor> params, buffers = r.net->buffers();
+  if (r.model) {
+    params = r.net->parameters();
+  } else {
+    sync_buffers(r);
+    for (const auto& item : full_state_dict(*r.net)) {
+      if (r.net->named_parameters().contains(item.key())) params.push_back(item.value());
+    }
+  }
   torch::NoGradGuard no_grad;
-  for (const auto& t : r.net->parameters()) {
+  for (const auto& t : params) {
     sum += t.to(at::kDouble).sum().item<double>();
     abs_sum += t.to(at::kDouble).abs().sum().item<double>();
   }
-  for (const auto& t : r.net->buffers()) sum += t.to(at::kDouble).sum().item<double>();
+  for (const auto& t : buffers) sum += t.to(at::kDouble).sum().item<double>();
   struct Checksum {
     double sum, abs_sum;
   };
@@ -566,7 +607,7 @@ int run(const TrainConfig& config) {
       }
     }
   }
-  print0(to_string(r.model->stats()));
+  if (r.model) print0(to_string(r.model->stats()));
   check_replicas(r);
   draw_plot(r, jsonl);
   barrier();
