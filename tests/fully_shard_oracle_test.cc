@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <optional>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -42,7 +43,15 @@ struct Scenario {
   int world;
   bool sgd;
   bool reshard;
+  // MixedPrecisionPolicy: param, reduce and output dtypes (nullopt: none).
+  std::optional<at::ScalarType> param_dtype, reduce_dtype, output_dtype;
+  bool mixed() const { return param_dtype || reduce_dtype || output_dtype; }
 };
+
+json dtype_json(const std::optional<at::ScalarType>& d) {
+  if (!d) return nullptr;
+  return *d == at::kBFloat16 ? "bfloat16" : *d == at::kHalf ? "float16" : "float32";
+}
 
 constexpr int kSteps = 3;
 
@@ -50,7 +59,11 @@ constexpr int kSteps = 3;
 std::pair<std::map<std::string, at::Tensor>, std::map<std::string, at::Tensor>> train_ddp(
     const Scenario& s, int rank) {
   Net net = model_like(initial_values());
-  shard(net, s.reshard);
+  MixedPrecisionPolicy mp;
+  mp.param_dtype = s.param_dtype;
+  mp.reduce_dtype = s.reduce_dtype;
+  mp.output_dtype = s.output_dtype;
+  shard(net, s.reshard, mp);
   std::map<std::string, at::Tensor> shards;
   for (const auto& p : net->named_parameters()) shards[p.key()] = p.value().detach().clone();
   std::unique_ptr<torch::optim::Optimizer> opt;
@@ -63,7 +76,7 @@ std::pair<std::map<std::string, at::Tensor>, std::map<std::string, at::Tensor>> 
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = batch(step, rank, s.world);
     opt->zero_grad();
-    torch::mse_loss(net(x), y).backward();
+    torch::mse_loss(net(x).to(at::kFloat), y).backward();
     opt->step();
   }
   std::map<std::string, at::Tensor> final_state;
@@ -73,8 +86,18 @@ std::pair<std::map<std::string, at::Tensor>, std::map<std::string, at::Tensor>> 
 
 TEST(FullyShardOracle, ShardsAndTrainedValuesEqualPyTorchsFullyShard) {
   if (!oracle_configured()) GTEST_SKIP() << kNoOracle;
+  const std::optional<at::ScalarType> none, bf16 = at::kBFloat16, f16 = at::kHalf,
+                                       f32 = at::kFloat;
   const std::vector<Scenario> scenarios = {
-      {2, true, true}, {3, true, false}, {2, false, false}, {3, false, true}};
+      {2, true, true},
+      {3, true, false},
+      {2, false, false},
+      {3, false, true},
+      // Mixed precision: bfloat16 computation reduced in float32 (Adam),
+      // or in bfloat16; float16 (reduced with FSDP2's pre- and post-division).
+      {2, false, true, bf16, f32, f32},
+      {3, true, false, bf16, none, none},
+      {3, true, true, f16, none, f32}};
   json spec = json::array();
   json init;
   for (const auto& [name, v] : initial_values()) init[name] = as_json(v);
@@ -87,6 +110,10 @@ TEST(FullyShardOracle, ShardsAndTrainedValuesEqualPyTorchsFullyShard) {
     spec.push_back({{"world", s.world},
                     {"optimizer", s.sgd ? "sgd" : "adam"},
                     {"reshard_after_forward", s.reshard},
+                    {"mp",
+                     {{"param_dtype", dtype_json(s.param_dtype)},
+                      {"reduce_dtype", dtype_json(s.reduce_dtype)},
+                      {"output_dtype", dtype_json(s.output_dtype)}}},
                     {"init", init},
                     {"batches", batches}});
   }
@@ -108,7 +135,12 @@ TEST(FullyShardOracle, ShardsAndTrainedValuesEqualPyTorchsFullyShard) {
   for (size_t i = 0; i < scenarios.size(); ++i) {
     const Scenario& s = scenarios[i];
     const std::string where = "W=" + std::to_string(s.world) + (s.sgd ? " SGD" : " Adam") +
-                              (s.reshard ? " reshard" : " keep");
+                              (s.reshard ? " reshard" : " keep") +
+                              (s.param_dtype ? " param " + dtype_json(s.param_dtype).get<std::string>()
+                                             : std::string()) +
+                              (s.reduce_dtype
+                                   ? " reduce " + dtype_json(s.reduce_dtype).get<std::string>()
+                                   : std::string());
     run_ranks(s.world, [&](int rank) {
       auto [shards, final_state] = train_ddp(s, rank);
       for (const auto& [name, mine] : shards) {
@@ -119,7 +151,15 @@ TEST(FullyShardOracle, ShardsAndTrainedValuesEqualPyTorchsFullyShard) {
       if (rank != 0) return;
       for (const auto& [name, mine] : final_state) {
         const at::Tensor theirs = from_json(results[i]["final"].at(name));
-        EXPECT_TRUE(torch::allclose(mine, theirs, 1e-5, 1e-6))
+        // Mixed precision: the same casts of the same numbers, but a sum
+        // in bfloat16 is rounded where each backend rounds it (ddp's
+        // shared-memory kernels sum in float32 and round once; PyTorch's Gloo
+        // rounds its own way): one bfloat16 ulp (2^-8 relative) of a
+        // gradient apart; 1e-3 otherwise.
+        const bool bf16_sum = s.param_dtype == at::kBFloat16 && !s.reduce_dtype;
+        const double rtol = bf16_sum ? 1.0 / 256 : s.mixed() ? 1e-3 : 1e-5;
+        const double atol = bf16_sum ? 1e-3 : s.mixed() ? 1e-4 : 1e-6;
+        EXPECT_TRUE(torch::allclose(mine, theirs, rtol, atol))
             << where << " " << name << " differs by "
             << (mine - theirs).abs().max().item<double>();
       }

@@ -98,8 +98,13 @@
 #include <torch/nn/pimpl.h>
 #include <torch/ordered_dict.h>
 
+#include <array>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -113,12 +118,40 @@ class Optimizer;
 
 namespace ddp {
 
+// FSDP2's MixedPrecisionPolicy, per unit: module-level mixed precision
+// (not autocast's per-op casts). The shards, the optimizer's step and the
+// shard gradients stay in the parameters' own dtype (float32, say); only
+// the gathered parameters, the unit's computation and the collectives use
+// the lower precision.
+struct MixedPrecisionPolicy {
+  // The gathered parameters' dtype, hence the forward's and backward's
+  // computation and the all-gather's (the shard is cast, then gathered).
+  // nullopt: the parameters' own. Ignored for non-floating parameters.
+  std::optional<at::ScalarType> param_dtype;
+  // The reduce-scatter's dtype (and the dtype in which gradients summed with
+  // sync off are kept). nullopt: the computation's (param_dtype). The
+  // reduced shard is cast to the parameters' dtype and added to .grad().
+  // float32 and bfloat16 reduce with AVG; other dtypes (float16) divide by
+  // about sqrt(world_size) before a SUM and by the rest after it, as FSDP2
+  // does to keep float16 from overflowing.
+  std::optional<at::ScalarType> reduce_dtype;
+  // Floating-point tensors forward returns are cast to it (a Tensor, a
+  // std::vector or std::tuple of them; other output types with an
+  // output_dtype: InvalidArgument at the forward). nullopt: left as they are.
+  std::optional<at::ScalarType> output_dtype;
+  // Cast forward's floating-point tensor arguments (those passed directly,
+  // not inside containers) to param_dtype before the unit's forward.
+  bool cast_forward_inputs = true;
+};
+
 struct FullyShardOptions {
   // The group whose ranks share the unit; null: default_group().
   ProcessGroupPtr group;
   // Free the gathered parameters after forward and gather them again for
   // backward (true, FSDP2's default), or keep them (false).
   bool reshard_after_forward = true;
+  // Mixed precision (FSDP2's mp_policy). Default: none.
+  MixedPrecisionPolicy mp_policy;
 };
 
 namespace detail {
@@ -128,6 +161,52 @@ class FsdpUnit;
 void fsdp_pre_forward(FsdpUnit& unit, const std::vector<at::Tensor>& inputs);
 void fsdp_post_forward(FsdpUnit& unit, const std::vector<at::Tensor>& outputs,
                        bool outputs_known);
+// The unit's MixedPrecisionPolicy in effect: the dtype forward's tensor
+// arguments are cast to, and the one its outputs are cast to (nullopt: none).
+std::optional<at::ScalarType> fsdp_input_dtype(const FsdpUnit& unit);
+std::optional<at::ScalarType> fsdp_output_dtype(const FsdpUnit& unit);
+// Throws InvalidArgument: output_dtype set on a unit whose forward returns
+// `type`, which holds tensors fully_shard cannot replace.
+[[noreturn]] void fsdp_output_not_castable(const FsdpUnit& unit, const char* type);
+
+// cast_forward_inputs: a floating-point tensor argument cast to `dtype`
+// into `slot` (left undefined when the argument is not cast).
+template <typename T>
+void fsdp_cast_arg(const T& arg, at::Tensor& slot, const std::optional<at::ScalarType>& dtype) {
+  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+    if (dtype && arg.defined() && arg.is_floating_point() && arg.scalar_type() != *dtype) {
+      slot = arg.to(*dtype);
+    }
+  }
+}
+// The argument forward receives: the cast in `slot`, with the argument's
+// own reference kind, or the argument itself.
+template <typename T>
+decltype(auto) fsdp_pass_arg(std::remove_reference_t<T>& arg, at::Tensor& slot) {
+  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+    return static_cast<T&&>(slot.defined() ? slot : arg);
+  } else {
+    return static_cast<T&&>(arg);
+  }
+}
+// output_dtype: casts the floating-point tensors of forward's output in
+// place; false when the output type is not one it can reach.
+inline bool fsdp_cast_output(at::Tensor& t, at::ScalarType dtype) {
+  if (t.defined() && t.is_floating_point() && t.scalar_type() != dtype) t = t.to(dtype);
+  return true;
+}
+inline bool fsdp_cast_output(std::vector<at::Tensor>& v, at::ScalarType dtype) {
+  for (at::Tensor& t : v) fsdp_cast_output(t, dtype);
+  return true;
+}
+template <typename... T>
+bool fsdp_cast_output(std::tuple<T...>& t, at::ScalarType dtype) {
+  return std::apply([&](auto&... x) { return (fsdp_cast_output(x, dtype) && ... && true); }, t);
+}
+template <typename T>
+bool fsdp_cast_output(T&, at::ScalarType) {
+  return std::is_arithmetic_v<T>;  // nothing to cast; any other type: not reachable
+}
 }  // namespace detail
 
 // What every unit type shares: its sharding state (null until sharded).
@@ -156,14 +235,42 @@ class FullyShardImpl : public Impl, public FullyShardUnit {
   decltype(auto) forward(Args&&... args) {
     detail::FsdpUnit* unit = fsdp_state();
     if (unit == nullptr) return Impl::forward(std::forward<Args>(args)...);
+    // MixedPrecisionPolicy::cast_forward_inputs: the casts live in `slots`.
+    std::array<at::Tensor, sizeof...(Args)> slots;
+    const std::optional<at::ScalarType> in_dtype = detail::fsdp_input_dtype(*unit);
+    if (in_dtype) {
+      size_t i = 0;
+      (detail::fsdp_cast_arg(args, slots[i++], in_dtype), ...);  // a fold: left to right
+    }
     std::vector<at::Tensor> inputs;
-    (detail::try_collect_tensors(args, inputs), ...);
+    {
+      size_t i = 0;
+      ((slots[i].defined() ? (inputs.push_back(slots[i]), true)
+                           : detail::try_collect_tensors(args, inputs),
+        ++i),
+       ...);
+    }
     detail::fsdp_pre_forward(*unit, inputs);
-    decltype(auto) out = Impl::forward(std::forward<Args>(args)...);
+    decltype(auto) out = call_impl<Args...>(slots, std::index_sequence_for<Args...>{}, args...);
     std::vector<at::Tensor> outputs;
     const bool known = detail::try_collect_tensors(out, outputs);
     detail::fsdp_post_forward(*unit, outputs, known);
+    if (const std::optional<at::ScalarType> out_dtype = detail::fsdp_output_dtype(*unit)) {
+      if constexpr (std::is_reference_v<decltype(out)>) {
+        detail::fsdp_output_not_castable(*unit, typeid(out).name());
+      } else if (!detail::fsdp_cast_output(out, *out_dtype)) {
+        detail::fsdp_output_not_castable(*unit, typeid(out).name());
+      }
+    }
     return out;
+  }
+
+ private:
+  // Impl::forward with each argument as given, or its cast (slots[I]).
+  template <typename... Args, size_t... I>
+  decltype(auto) call_impl(std::array<at::Tensor, sizeof...(Args)>& slots,
+                           std::index_sequence<I...>, Args&... args) {
+    return Impl::forward(detail::fsdp_pass_arg<Args>(args, slots[I])...);
   }
 };
 

@@ -11,14 +11,26 @@
 
 namespace ddp::detail {
 
+// FSDP2's division of the gradient sum by world_size: for float32 and
+// bfloat16, no risk of overflow: AVG, returned as {0, 1}. Otherwise (float16,
+// float64) {pre, post}: divide by pre (a power of two near sqrt(world))
+// before a SUM and by world / pre after it.
+std::pair<double, double> divide_factors(at::ScalarType reduce_dtype, int64_t world) {
+  if (reduce_dtype == at::kFloat || reduce_dtype == at::kBFloat16) return {0, 1};
+  int64_t pre = 1;
+  while (world % pre == 0 && world / pre > pre) pre *= 2;
+  return {static_cast<double>(pre), static_cast<double>(world) / static_cast<double>(pre)};
+}
+
 void FsdpUnit::pack_grads() {
   at::NoGradGuard no_grad;
   phase_ = Phase::kPacked;
   needs_reduce_ = tree_->grad_sync && any_trainable();
-  if (!needs_reduce_) {  // accumulate locally, full-sized
+  if (!needs_reduce_) {  // accumulate locally, full-sized, in the reduce dtype
     for (FsdpParam& p : params_) {
       at::Tensor g = p.param.grad();
       if (!g.defined()) continue;
+      g = g.to(reduce_dtype_);
       p.unsynced_grad = p.unsynced_grad.defined() ? p.unsynced_grad.add_(g) : g;
       p.param.mutable_grad() = at::Tensor();
     }
@@ -26,11 +38,13 @@ void FsdpUnit::pack_grads() {
     return;
   }
   const int64_t world = group_->size();
-  reduce_input_ = at::zeros({world * shard_numel_}, flat_shard_.options());
+  reduce_input_ = at::zeros({world * shard_numel_}, flat_shard_.options().dtype(reduce_dtype_));
   at::Tensor by_rank = reduce_input_.view({world, shard_numel_});
   for (FsdpParam& p : params_) {
     at::Tensor g = p.param.grad();
-    if (p.unsynced_grad.defined()) g = g.defined() ? g.add(p.unsynced_grad) : p.unsynced_grad;
+    if (p.unsynced_grad.defined()) {  // summed in the reduce dtype, as FSDP2
+      g = g.defined() ? p.unsynced_grad.add_(g.to(reduce_dtype_)) : p.unsynced_grad;
+    }
     p.unsynced_grad = at::Tensor();
     p.param.mutable_grad() = at::Tensor();
     const ParamShard& l = p.layout;
@@ -45,16 +59,19 @@ void FsdpUnit::pack_grads() {
           .copy_(g.reshape({l.rows, l.row_numel}).narrow(0, first, n));
     }
   }
+  if (const double pre = divide_factors(reduce_dtype_, world).first; pre > 1) {
+    reduce_input_.div_(pre);
+  }
   reshard();
 }
 
 void FsdpUnit::issue_reduce() {
   phase_ = Phase::kIssued;
   if (!needs_reduce_) return;
-  reduced_ = at::empty({shard_numel_}, flat_shard_.options());
-  if (shard_numel_ > 0) {
-    reduce_work_ = reduce_scatter_tensor_async(reduced_, reduce_input_, ReduceOp::AVG, {group_});
-  }
+  reduced_ = at::empty({shard_numel_}, reduce_input_.options());
+  const bool average = divide_factors(reduce_dtype_, group_->size()).first == 0;
+  const ReduceOp op = average ? ReduceOp::AVG : ReduceOp::SUM;
+  if (shard_numel_ > 0) reduce_work_ = reduce_scatter_tensor_async(reduced_, reduce_input_, op, {group_});
 }
 
 void FsdpUnit::finish_reduce() {
@@ -65,6 +82,10 @@ void FsdpUnit::finish_reduce() {
   reduce_work_ = Work();
   reduce_input_ = at::Tensor();
   at::NoGradGuard no_grad;
+  if (const double post = divide_factors(reduce_dtype_, group_->size()).second; post != 1) {
+    reduced_.div_(post);
+  }
+  if (reduced_.scalar_type() != own_dtype_) reduced_ = reduced_.to(own_dtype_);
   for (FsdpParam& p : params_) {
     if (!p.param.requires_grad()) continue;
     const ParamShard& l = p.layout;

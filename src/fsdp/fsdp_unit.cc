@@ -110,6 +110,13 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<std::pair<std::string, at::Tens
       params.empty() ? at::TensorOptions(at::kFloat) : params.front().second.options();
   opts = opts.requires_grad(false);
   flat_shard_ = at::zeros({shard_numel_}, opts);
+  // FSDP2's clamping: a param_dtype equal to the own dtype (or for
+  // non-floating parameters) is none; the reduce dtype defaults to the
+  // computation's.
+  const MixedPrecisionPolicy& mp = options_.mp_policy;
+  own_dtype_ = c10::typeMetaToScalarType(opts.dtype());
+  compute_dtype_ = mp.param_dtype && at::isFloatingType(own_dtype_) ? *mp.param_dtype : own_dtype_;
+  reduce_dtype_ = mp.reduce_dtype ? *mp.reduce_dtype : compute_dtype_;
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
     FsdpParam p;
@@ -119,7 +126,7 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<std::pair<std::string, at::Tens
     const ParamShard& l = p.layout;
     const int64_t first_row = group_->rank() * l.chunk_rows;
     at::Tensor full = p.param.detach();
-    p.full = at::empty(l.full_sizes, opts);
+    p.full = at::empty(l.full_sizes, opts.dtype(compute_dtype_));
     p.shard = flat_shard_.narrow(0, l.offset, l.local_numel()).view(l.shard_sizes);
     if (l.local_numel() > 0) {
       p.shard.view({l.local_rows, l.row_numel})
@@ -137,10 +144,24 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<std::pair<std::string, at::Tens
 void FsdpUnit::install_hooks() {
   sync_hooks();
   for (FsdpParam& p : params_) {
-    p.param.set_data(p.shard);
+    assign_data(p, p.shard);
     release_storage(p.full);
     put_version_aside(p);
   }
+}
+
+// Note [Mixed precision in one parameter].
+void FsdpUnit::assign_data(FsdpParam& p, const at::Tensor& data) {
+  if (data.scalar_type() == p.param.scalar_type()) {
+    p.param.set_data(data);
+  } else {
+    p.param.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
+  }
+}
+
+std::optional<at::ScalarType> FsdpUnit::input_dtype() const {
+  if (!options_.mp_policy.cast_forward_inputs || compute_dtype_ == own_dtype_) return std::nullopt;
+  return compute_dtype_;
 }
 
 // A hook on the grad accumulator of every parameter that requires grad now
@@ -194,8 +215,10 @@ void FsdpUnit::unshard() {
   }
   const int64_t world = group_->size();
   at::NoGradGuard no_grad;
-  at::Tensor gathered = at::empty({world * shard_numel_}, flat_shard_.options());
-  if (shard_numel_ > 0) all_gather_into_tensor(gathered, flat_shard_, {group_});
+  // With a param_dtype the shard is cast first: the all-gather moves it.
+  const at::Tensor input = flat_shard_.to(compute_dtype_);
+  at::Tensor gathered = at::empty({world * shard_numel_}, input.options());
+  if (shard_numel_ > 0) all_gather_into_tensor(gathered, input, {group_});
   at::Tensor by_rank = gathered.view({world, shard_numel_});
   for (FsdpParam& p : params_) {
     const ParamShard& l = p.layout;
@@ -206,7 +229,7 @@ void FsdpUnit::unshard() {
                               .narrow(0, 0, l.rows);
       p.full.view({l.rows, l.row_numel}).copy_(pieces);
     }
-    p.param.set_data(p.full);
+    assign_data(p, p.full);
     restore_version(p);
     p.version_at_gather = p.param._version();
   }
@@ -229,7 +252,7 @@ void FsdpUnit::reshard() {
   for (FsdpParam& p : params_) {
     if (grads_stashed_) p.param.mutable_grad() = p.stashed_grad;
     p.stashed_grad = at::Tensor();
-    p.param.set_data(p.shard);
+    assign_data(p, p.shard);
     release_storage(p.full);
     put_version_aside(p);
   }

@@ -27,6 +27,20 @@
 // comes back, advanced by the in-place changes (an optimizer step) made
 // meanwhile, so those fail the check too.
 //
+// Note [Mixed precision in one parameter]: with a MixedPrecisionPolicy's
+// param_dtype the gathered parameter is, say, bfloat16 while its shard
+// stays float32, so the TensorImpl changes dtype at every gather and
+// reshard. Variable::set_data() drops the parameter's grad accumulator on
+// a dtype change, and the next forward would make a new one without the
+// hook and with the gathered dtype; so for a dtype change the data is
+// swapped with TensorImpl::shallow_copy_from (what set_data does after its
+// checks), keeping the one accumulator made at fully_shard (float32, full
+// shape). Autograd's engine casts each gradient to its accumulator's
+// recorded dtype (validate_outputs), so the bfloat16 gradient arrives
+// float32 in .grad(), a lossless widening; pack_grads casts it to the
+// reduce dtype, as FSDP2 casts its bfloat16 gradient. The values are
+// FSDP2's: the same casts of the same numbers.
+//
 // Note [Unit backward protocol]: every collective of a tree must come in the
 // same order on every rank, so each one is issued at a point the graph's
 // structure fixes, never at a point that depends on which gradients a rank
@@ -107,6 +121,10 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
   void finish_reduce();  // wait; add the shards into .grad()
 
   const std::string& name() const { return name_; }
+  // MixedPrecisionPolicy in effect (FSDP2's clamping): null when it equals
+  // the parameters' own dtype.
+  std::optional<at::ScalarType> input_dtype() const;
+  std::optional<at::ScalarType> output_dtype() const { return options_.mp_policy.output_dtype; }
   std::vector<FsdpParam>& params() { return params_; }
   ProcessGroupPtr group() const { return group_; }
   std::shared_ptr<FsdpTree> tree() const { return tree_; }
@@ -125,12 +143,18 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
   void pre_backward();
   void post_backward();
   void on_grad_ready(size_t index);
+  void assign_data(FsdpParam& p, const at::Tensor& data);
 
   std::string name_;
   FullyShardOptions options_;
   ProcessGroupPtr group_;
   std::vector<FsdpParam> params_;
   at::Tensor flat_shard_;  // [S], padding zero
+  // Note [Mixed precision in one parameter]: the parameters' own dtype,
+  // the gathered parameters' (param_dtype or own), the reduce-scatter's.
+  at::ScalarType own_dtype_ = at::kFloat;
+  at::ScalarType compute_dtype_ = at::kFloat;
+  at::ScalarType reduce_dtype_ = at::kFloat;
   int64_t shard_numel_ = 0;
   bool unsharded_ = false;
   bool grads_stashed_ = false;  // from pre-backward to reshard

@@ -4,6 +4,7 @@
 
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/Type.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -24,6 +25,18 @@ void fsdp_pre_forward(FsdpUnit& unit, const std::vector<at::Tensor>& inputs) {
 void fsdp_post_forward(FsdpUnit& unit, const std::vector<at::Tensor>& outputs,
                        bool outputs_known) {
   unit.post_forward(outputs, outputs_known);
+}
+
+std::optional<at::ScalarType> fsdp_input_dtype(const FsdpUnit& unit) { return unit.input_dtype(); }
+std::optional<at::ScalarType> fsdp_output_dtype(const FsdpUnit& unit) {
+  return unit.output_dtype();
+}
+void fsdp_output_not_castable(const FsdpUnit& unit, const char* type) {
+  throw InvalidArgument(fmt::format(
+      "fully_shard({}): MixedPrecisionPolicy::output_dtype is set, but forward returns {}, "
+      "whose tensors fully_shard cannot replace: return an at::Tensor, a std::vector or a "
+      "std::tuple of them, or cast in forward and leave output_dtype unset",
+      unit.name(), c10::demangle(type)));
 }
 
 namespace {

@@ -2,7 +2,8 @@
 """PyTorch's own fully_shard (FSDP2) as an oracle for ddp's C++ one.
 
 Reads a JSON file of scenarios written by tests/fully_shard_oracle_test.cc
-(initial weights, the global batches, world size, optimizer, reshard flag),
+(initial weights, the global batches, world size, optimizer, reshard flag,
+and optionally a MixedPrecisionPolicy: dtype names or null),
 trains each with torch.distributed.fsdp.fully_shard on `world` processes
 (gloo, CPU; the blocks first, then the root, as the C++ test shards them),
 and writes, per scenario, every rank's local shard of every parameter right
@@ -23,7 +24,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 try:
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 except ImportError:
     sys.exit(3)
 
@@ -68,9 +69,15 @@ def run_rank(rank, scenario, init_file, out_prefix):
         for name, p in net.named_parameters():
             p.copy_(tensor(scenario["init"][name]))
     reshard = scenario["reshard_after_forward"]
-    fully_shard(net.b1, reshard_after_forward=reshard)
-    fully_shard(net.b2, reshard_after_forward=reshard)
-    fully_shard(net, reshard_after_forward=reshard)
+    mp_json = scenario.get("mp") or {}
+    dtype = lambda name: getattr(torch, name) if name else None
+    # output_dtype on the root only: an inner unit's would feed the root's
+    # own layers (head) float32 inputs.
+    for unit, output in ((net.b1, None), (net.b2, None), (net, mp_json.get("output_dtype"))):
+        mp_policy = MixedPrecisionPolicy(param_dtype=dtype(mp_json.get("param_dtype")),
+                                         reduce_dtype=dtype(mp_json.get("reduce_dtype")),
+                                         output_dtype=dtype(output))
+        fully_shard(unit, reshard_after_forward=reshard, mp_policy=mp_policy)
     shards = {name: as_json(p.to_local()) for name, p in net.named_parameters()}
     if scenario["optimizer"] == "sgd":
         opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
@@ -80,7 +87,8 @@ def run_rank(rank, scenario, init_file, out_prefix):
         x, y = tensor(x_json), tensor(y_json)
         n = x.shape[0] // world
         opt.zero_grad()
-        loss = nn.functional.mse_loss(net(x[rank * n:(rank + 1) * n]), y[rank * n:(rank + 1) * n])
+        out = net(x[rank * n:(rank + 1) * n]).float()  # a no-op unless mixed precision
+        loss = nn.functional.mse_loss(out, y[rank * n:(rank + 1) * n])
         loss.backward()
         opt.step()
     final = {name: as_json(p.full_tensor()) for name, p in net.named_parameters()}

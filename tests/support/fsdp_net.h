@@ -71,11 +71,15 @@ inline Net model_like(const std::map<std::string, at::Tensor>& values) {
   return net;
 }
 
-inline void shard(Net& net, bool reshard_after_forward = true) {
+inline void shard(Net& net, bool reshard_after_forward = true,
+                  const MixedPrecisionPolicy& mp = {}) {
   FullyShardOptions o;
   o.reshard_after_forward = reshard_after_forward;
+  o.mp_policy = mp;
+  o.mp_policy.output_dtype = std::nullopt;  // the root's only (the head's input)
   fully_shard(net->b1, o);
   fully_shard(net->b2, o);
+  o.mp_policy.output_dtype = mp.output_dtype;
   fully_shard(net, o);
 }
 
