@@ -67,9 +67,9 @@
 // Beyond FSDP2: a parameter of a unit that got no gradient on a rank in a
 // backward where its unit ran backward counts as zeros there (the ranks
 // must make the same collectives); without any unit backward it stays
-// undefined. requires_grad may change between iterations. Not yet:
-// MixedPrecisionPolicy, prefetching the next unit's gather, CUDA streams
-// (the unit collectives are ordered on the host).
+// undefined. requires_grad may change between iterations. Mixed precision:
+// MixedPrecisionPolicy below. Not yet: prefetching the next unit's gather,
+// CUDA streams (the unit collectives are ordered on the host).
 //
 // What a user must know:
 //   - what the loss needs from a unit must leave its forward as an output
