@@ -68,8 +68,9 @@
 // backward where its unit ran backward counts as zeros there (the ranks
 // must make the same collectives); without any unit backward it stays
 // undefined. requires_grad may change between iterations. Mixed precision:
-// MixedPrecisionPolicy below. Not yet: prefetching the next unit's gather,
-// CUDA streams (the unit collectives are ordered on the host).
+// MixedPrecisionPolicy below. The next unit's all-gather is prefetched
+// (FullyShardOptions::prefetch). Not yet: CUDA streams (the unit
+// collectives are ordered on the host).
 //
 // What a user must know:
 //   - what the loss needs from a unit must leave its forward as an output
@@ -152,6 +153,11 @@ struct FullyShardOptions {
   bool reshard_after_forward = true;
   // Mixed precision (FSDP2's mp_policy). Default: none.
   MixedPrecisionPolicy mp_policy;
+  // When this unit's forward (inside the root's) or backward begins, issue
+  // the all-gather of the unit that comes next (in the order of the last
+  // iteration), so that it runs while this one computes; costs one more
+  // unit's full parameters in memory meanwhile. As FSDP2 prefetches.
+  bool prefetch = true;
 };
 
 namespace detail {

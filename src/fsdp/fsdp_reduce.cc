@@ -153,6 +153,13 @@ void FsdpTree::end_of_backward() {
   for (const auto& u : done) u->finish_reduce();
 }
 
+void FsdpTree::drop_gathers() {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  for (const auto& w : units) {
+    if (auto u = w.lock()) u->drop_gather();
+  }
+}
+
 void FsdpTree::reshard_all() {
   std::lock_guard<std::recursive_mutex> lock(mu);
   for (const auto& w : units) {

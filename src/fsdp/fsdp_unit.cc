@@ -199,8 +199,7 @@ bool FsdpUnit::is_root() const {
   return tree_ && !tree_->units.empty() && tree_->units.back().lock().get() == this;
 }
 
-void FsdpUnit::unshard() {
-  if (unsharded_) return;
+void FsdpUnit::check_holds_shard() const {
   for (const FsdpParam& p : params_) {
     // Module::to(), set_data() or a state dict loaded into the module give
     // the parameter new data the gathers would never see.
@@ -213,13 +212,44 @@ void FsdpUnit::unshard() {
           name_, p.name));
     }
   }
-  const int64_t world = group_->size();
+}
+
+void FsdpUnit::begin_unshard() {
+  std::lock_guard<std::recursive_mutex> lock(tree_->mu);
+  if (unsharded_ || gather_pending_) return;
+  check_holds_shard();
   at::NoGradGuard no_grad;
   // With a param_dtype the shard is cast first: the all-gather moves it.
-  const at::Tensor input = flat_shard_.to(compute_dtype_);
-  at::Tensor gathered = at::empty({world * shard_numel_}, input.options());
-  if (shard_numel_ > 0) all_gather_into_tensor(gathered, input, {group_});
-  at::Tensor by_rank = gathered.view({world, shard_numel_});
+  gather_input_ = flat_shard_.to(compute_dtype_);
+  gathered_ = at::empty({group_->size() * shard_numel_}, gather_input_.options());
+  if (shard_numel_ > 0) gather_work_ = all_gather_into_tensor_async(gathered_, gather_input_, {group_});
+  gather_pending_ = true;
+}
+
+void FsdpUnit::drop_gather() {
+  std::lock_guard<std::recursive_mutex> lock(tree_->mu);
+  if (!gather_pending_) return;
+  ++prefetches_dropped_;
+  if (shard_numel_ > 0) gather_work_.wait();
+  gather_work_ = Work();
+  gather_input_ = gathered_ = at::Tensor();
+  gather_pending_ = false;
+}
+
+void FsdpUnit::unshard() {
+  if (unsharded_) return;
+  if (gather_pending_) ++prefetches_used_;
+  begin_unshard();  // unless issued ahead (Note [Prefetching])
+  finish_unshard();
+}
+
+void FsdpUnit::finish_unshard() {
+  if (shard_numel_ > 0) gather_work_.wait();
+  gather_work_ = Work();
+  gather_pending_ = false;
+  const int64_t world = group_->size();
+  at::NoGradGuard no_grad;
+  at::Tensor by_rank = gathered_.view({world, shard_numel_});
   for (FsdpParam& p : params_) {
     const ParamShard& l = p.layout;
     allocate_storage(p.full);
@@ -233,12 +263,23 @@ void FsdpUnit::unshard() {
     restore_version(p);
     p.version_at_gather = p.param._version();
   }
+  gather_input_ = gathered_ = at::Tensor();
   unsharded_ = true;
   sync_hooks();
 }
 
+void FsdpUnit::prefetch_next(const std::vector<std::weak_ptr<FsdpUnit>>& order) {
+  if (!options_.prefetch) return;
+  for (size_t i = 0; i + 1 < order.size(); ++i) {
+    if (order[i].lock().get() != this) continue;
+    if (auto next = order[i + 1].lock()) next->begin_unshard();
+    return;
+  }
+}
+
 void FsdpUnit::reshard() {
   std::lock_guard<std::recursive_mutex> lock(tree_->mu);
+  drop_gather();
   if (!unsharded_) return;
   for (const FsdpParam& p : params_) {
     if (p.param._version() != p.version_at_gather) {
@@ -262,7 +303,16 @@ void FsdpUnit::reshard() {
 
 void FsdpUnit::pre_forward(const std::vector<at::Tensor>& inputs) {
   std::lock_guard<std::recursive_mutex> lock(tree_->mu);
+  if (is_root()) {  // Note [Prefetching]: a whole forward, recorded
+    tree_->in_forward = true;
+    tree_->recording_begin.clear();
+    tree_->recording_end.clear();
+  }
   unshard();
+  if (tree_->in_forward) {
+    tree_->recording_begin.push_back(weak_from_this());
+    prefetch_next(tree_->forward_order);
+  }
   if (!at::GradMode::is_enabled()) return;
   // Note [Unit backward protocol]: the unit's backward is over when the
   // gradients of its inputs are computed.
@@ -278,6 +328,16 @@ void FsdpUnit::pre_forward(const std::vector<at::Tensor>& inputs) {
 
 void FsdpUnit::post_forward(const std::vector<at::Tensor>& outputs, bool outputs_known) {
   std::lock_guard<std::recursive_mutex> lock(tree_->mu);
+  if (tree_->in_forward) tree_->recording_end.push_back(weak_from_this());
+  if (is_root() && tree_->in_forward) {
+    tree_->in_forward = false;
+    tree_->forward_order = std::move(tree_->recording_begin);
+    tree_->backward_prefetch_order.assign(tree_->recording_end.rbegin(),
+                                          tree_->recording_end.rend());
+    tree_->recording_begin.clear();
+    tree_->recording_end.clear();
+    tree_->drop_gathers();  // issued for units that did not run
+  }
   if (!at::GradMode::is_enabled()) {
     reshard();  // no backward comes through this unit
     return;
@@ -317,6 +377,7 @@ void FsdpUnit::pre_backward() {
     grads_stashed_ = true;
   }
   unshard();
+  prefetch_next(tree_->backward_prefetch_order);
 }
 
 void FsdpUnit::post_backward() {

@@ -41,6 +41,19 @@
 // reduce dtype, as FSDP2 casts its bfloat16 gradient. The values are
 // FSDP2's: the same casts of the same numbers.
 //
+// Note [Prefetching]: a unit's all-gather can be issued before its forward
+// (or backward) needs it, so that it runs while the unit before it
+// computes. When a unit's forward begins inside the root's forward, the
+// all-gather of the unit that began next in the last whole forward is
+// issued; when a unit's backward begins, that of the unit backward reached
+// next then (the reverse of the order forwards ended). The order is the
+// last iteration's, the same on every rank as the units' order must be, so
+// every rank issues the same collectives in the same order. A gather issued
+// ahead is consumed by the unit's own unshard, or, if that unit did not run
+// this time, dropped (waited for and discarded) when the root's forward
+// ends and when backward ends: no gathered value outlives the iteration
+// in which it was gathered, so none is read after an optimizer step.
+//
 // Note [Unit backward protocol]: every collective of a tree must come in the
 // same order on every rank, so each one is issued at a point the graph's
 // structure fixes, never at a point that depends on which gradients a rank
@@ -112,6 +125,13 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
   void post_forward(const std::vector<at::Tensor>& outputs, bool outputs_known);
   void reset_backward_counts();  // a new iteration: no post-backward expected
   void reshard();
+  // Note [Prefetching]: the all-gather issued ahead, consumed by the
+  // unit's own unshard (its forward or pre-backward), or dropped.
+  void begin_unshard();
+  void drop_gather();  // waits for a gather issued ahead and discards it
+  // Gathers issued ahead that the unit used, and that were dropped.
+  int64_t prefetches_used() const { return prefetches_used_; }
+  int64_t prefetches_dropped() const { return prefetches_dropped_; }
 
   // Note [Unit backward protocol], driven by FsdpTree under its mutex.
   bool packed() const { return phase_ == Phase::kPacked; }
@@ -140,6 +160,9 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
   void sync_hooks();
   bool any_trainable() const;
   void unshard();
+  void check_holds_shard() const;
+  void finish_unshard();
+  void prefetch_next(const std::vector<std::weak_ptr<FsdpUnit>>& order);
   void pre_backward();
   void post_backward();
   void on_grad_ready(size_t index);
@@ -157,6 +180,13 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
   at::ScalarType reduce_dtype_ = at::kFloat;
   int64_t shard_numel_ = 0;
   bool unsharded_ = false;
+  // An all-gather in flight (Note [Prefetching]): its input (the shard,
+  // cast to the compute dtype) and output, kept alive until it is waited.
+  bool gather_pending_ = false;
+  at::Tensor gather_input_;
+  at::Tensor gathered_;
+  Work gather_work_;
+  int64_t prefetches_used_ = 0, prefetches_dropped_ = 0;
   bool grads_stashed_ = false;  // from pre-backward to reshard
   enum class Phase { kIdle, kInBackward, kPacked, kIssued };
   Phase phase_ = Phase::kIdle;  // this backward's progress
@@ -176,6 +206,13 @@ struct FsdpTree {
   std::vector<std::shared_ptr<FsdpUnit>> backward_order;  // this backward's units
   bool grad_sync = true;
   bool callback_queued = false;
+  // Note [Prefetching]: the units in the order the last whole forward (the
+  // root's) began them, and in the reverse of the order it ended them (the
+  // order backward reaches them); the forward being recorded.
+  std::vector<std::weak_ptr<FsdpUnit>> forward_order, backward_prefetch_order;
+  std::vector<std::weak_ptr<FsdpUnit>> recording_begin, recording_end;
+  bool in_forward = false;  // between the root's pre- and post-forward
+  void drop_gathers();
   std::recursive_mutex mu;  // hooks may run on autograd's threads
 
   void queue_end_of_backward();
