@@ -291,7 +291,14 @@ template <typename M>
 json run_train_sharded(M model, const WorkloadShape& s, const RunConfig& c, int rank, int world) {
   json out;
   Batches batches = prepare_run(model, s, c, rank, out);
-  shard_model(model, FullyShardOptions{});
+  FullyShardOptions options;
+  options.prefetch = c.fsdp_prefetch;
+  if (c.fsdp_param_dtype == "bf16") {
+    options.mp_policy.param_dtype = at::kBFloat16;
+    options.mp_policy.reduce_dtype = at::kFloat;
+    options.mp_policy.output_dtype = at::kFloat;
+  }
+  shard_model(model, options);
   auto opt = make_optimizer(c, model->parameters());
   LoopResult r = train_loop(model, *opt, batches, c, /*distributed=*/true);
   add_rank_memory(out, *opt, model->parameters());
@@ -352,6 +359,10 @@ void check_config(const RunConfig& c) {
   if (c.fully_shard && (c.side != "ddp" || c.mode != "train" || c.zero)) {
     throw InvalidArgument("--fully-shard trains sharded across the ranks: use it with --side "
                           "ddp --mode train, without --zero");
+  }
+  if (!c.fully_shard && (!c.fsdp_prefetch || !c.fsdp_param_dtype.empty())) {
+    throw InvalidArgument("--fsdp-no-prefetch and --fsdp-param-dtype set fully_shard's options: "
+                          "use them with --fully-shard");
   }
   if (c.fully_shard && c.workload == "cnn") {
     throw InvalidArgument("--fully-shard has mlp and transformer variants, not cnn");
@@ -427,6 +438,8 @@ json run_benchmark(const RunConfig& c) {
   out["optimizer"] = c.optimizer;
   out["zero"] = c.zero;
   out["fully_shard"] = c.fully_shard;
+  out["fsdp_prefetch"] = c.fsdp_prefetch;
+  out["fsdp_param_dtype"] = c.fsdp_param_dtype;
   out["torch_version"] = TORCH_VERSION;
   return out;
 }

@@ -40,6 +40,10 @@ struct RunConfig {
   bool zero = false;               // ZeroRedundancyOptimizer around it (ddp side)
   bool fully_shard = false;        // ddp::fully_shard instead of DDP (ddp side; mlp,
                                    // transformer: models.h's Sharded* variants)
+  bool fsdp_prefetch = true;       // FullyShardOptions::prefetch
+  // "" or "bf16": MixedPrecisionPolicy{param_dtype bf16, reduce_dtype and
+  // output_dtype float32} on every unit.
+  std::string fsdp_param_dtype;
   int threads = 1;                 // torch intra-op threads
   // "cpu", or "cuda": each rank uses cuda:LOCAL_RANK (the GPU script,
   // bench/gpu/run.sh); CUDA work is synchronised at the end of every step.

@@ -41,6 +41,12 @@ void add_flags(CLI::App& app, ddp::bench::RunConfig& c) {
   app.add_flag("--fully-shard", c.fully_shard,
                "ddp::fully_shard instead of DDP: parameters, gradients and optimizer state "
                "sharded (mlp: one unit; transformer: a unit per encoder layer)");
+  app.add_flag("--fsdp-no-prefetch{false}", c.fsdp_prefetch,
+               "--fully-shard without prefetching the next unit's all-gather");
+  app.add_option("--fsdp-param-dtype", c.fsdp_param_dtype,
+                 "--fully-shard with MixedPrecisionPolicy: bf16 (param_dtype bfloat16, "
+                 "reduce_dtype and output_dtype float32)")
+      ->check(CLI::IsMember({"", "bf16"}));
   app.add_option("--threads", c.threads, "Torch intra-op threads")->capture_default_str();
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb, "DDP bucket_cap_mb")->capture_default_str();
   app.add_option("--first-bucket-cap-mb", c.first_bucket_cap_mb, "DDP first bucket, MiB")

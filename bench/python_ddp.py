@@ -241,11 +241,16 @@ def run_train(s, a, rank, world):
     model.train()
     torch.manual_seed(a.seed * 1000 + 500 + rank)  # dropout
     if a.fully_shard:  # FSDP2, units as ddp-bench --fully-shard puts them
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp_policy = MixedPrecisionPolicy()
+        if a.fsdp_param_dtype == "bf16":
+            mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                             reduce_dtype=torch.float32,
+                                             output_dtype=torch.float32)
         if s["name"] == "transformer":
             for layer in model.encoder.layers:
-                fully_shard(layer)
-        fully_shard(model)
+                fully_shard(layer, mp_policy=mp_policy)
+        fully_shard(model, mp_policy=mp_policy)
         net = model
     else:
         net = model if a.side == "plain" else DDP(model, **ddp_kwargs(a, False))
@@ -358,6 +363,9 @@ def parse_args(argv):
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     p.add_argument("--fully-shard", action="store_true",
                    help="torch.distributed.fsdp.fully_shard (FSDP2) instead of DDP")
+    p.add_argument("--fsdp-param-dtype", default="", choices=["", "bf16"],
+                   help="--fully-shard with MixedPrecisionPolicy(param_dtype=bfloat16, "
+                        "reduce_dtype and output_dtype float32)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--gradient-as-bucket-view", action="store_true")
@@ -399,6 +407,7 @@ def main(argv):
                threads=torch.get_num_threads(), gradient_as_bucket_view=a.gradient_as_bucket_view,
                bucket_cap_mb=a.bucket_cap_mb, torch_version=torch.__version__,
                optimizer=a.optimizer, fully_shard=a.fully_shard,
+               fsdp_param_dtype=a.fsdp_param_dtype,
                command=[sys.executable] + sys.argv)
     text = json.dumps(out, indent=1) + "\n"
     if not a.out_json:

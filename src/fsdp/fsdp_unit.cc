@@ -222,7 +222,14 @@ void FsdpUnit::begin_unshard() {
   // With a param_dtype the shard is cast first: the all-gather moves it.
   gather_input_ = flat_shard_.to(compute_dtype_);
   gathered_ = at::empty({group_->size() * shard_numel_}, gather_input_.options());
-  if (shard_numel_ > 0) gather_work_ = all_gather_into_tensor_async(gathered_, gather_input_, {group_});
+  if (shard_numel_ > 0) {
+    // An all-gather only moves bytes: 16-bit floats travel as bytes, which
+    // every backend gathers (Gloo before PyTorch 2 has no bfloat16).
+    const bool half = gather_input_.element_size() == 2 && gather_input_.is_floating_point();
+    at::Tensor out = half ? gathered_.view(at::kByte) : gathered_;
+    gather_work_ = all_gather_into_tensor_async(
+        out, half ? gather_input_.view(at::kByte) : gather_input_, {group_});
+  }
   gather_pending_ = true;
 }
 
