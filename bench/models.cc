@@ -93,7 +93,9 @@ at::Tensor ShardedTransformerNetImpl::forward(at::Tensor x) {
 }
 
 void shard_model(ShardedTransformerNet& net, const FullyShardOptions& options) {
-  for (auto& layer : net->encoder->layers) fully_shard(layer, options);
+  FullyShardOptions inner = options;
+  inner.mp_policy.output_dtype = std::nullopt;  // the root's only: the head reads the layers'
+  for (auto& layer : net->encoder->layers) fully_shard(layer, inner);
   fully_shard(net, options);
 }
 

@@ -78,7 +78,9 @@ struct ShardedTransformerNetImpl : torch::nn::Module {
 using ShardedTransformerNet = FullyShard<ShardedTransformerNetImpl>;
 using ShardedMlp = FullyShard<MlpImpl>;
 
-// fully_shard on the units, inner ones first, then the root.
+// fully_shard on the units, inner ones first, then the root; an
+// output_dtype applies to the root only (its own layers read the inner
+// units' outputs in param_dtype).
 void shard_model(ShardedTransformerNet& net, const FullyShardOptions& options);
 void shard_model(ShardedMlp& net, const FullyShardOptions& options);
 

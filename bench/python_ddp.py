@@ -242,15 +242,15 @@ def run_train(s, a, rank, world):
     torch.manual_seed(a.seed * 1000 + 500 + rank)  # dropout
     if a.fully_shard:  # FSDP2, units as ddp-bench --fully-shard puts them
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mp_policy = MixedPrecisionPolicy()
-        if a.fsdp_param_dtype == "bf16":
-            mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                             reduce_dtype=torch.float32,
-                                             output_dtype=torch.float32)
+        inner, root = MixedPrecisionPolicy(), MixedPrecisionPolicy()
+        if a.fsdp_param_dtype == "bf16":  # output_dtype on the root only
+            inner = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            root = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                        output_dtype=torch.float32)
         if s["name"] == "transformer":
             for layer in model.encoder.layers:
-                fully_shard(layer, mp_policy=mp_policy)
-        fully_shard(model, mp_policy=mp_policy)
+                fully_shard(layer, mp_policy=inner)
+        fully_shard(model, mp_policy=root)
         net = model
     else:
         net = model if a.side == "plain" else DDP(model, **ddp_kwargs(a, False))

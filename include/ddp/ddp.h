@@ -23,6 +23,8 @@
 //   sync_batchnorm.h            SyncBatchNorm, convert_sync_batchnorm
 //   zero_redundancy_optimizer.h ZeroRedundancyOptimizer
 //   fully_shard.h               fully_shard (FSDP2), FullyShard<Impl> units
+//   mixed_precision_policy.h    MixedPrecisionPolicy (fully_shard's, FSDP2's)
+//   sharded_checkpoint.h        per-rank checkpoints of fully_shard models
 //   optimizer_state.h           OptimizerState, the ShardedOptimizer interface
 //   grad_scaler.h               GradScaler (float16 loss scaling)
 //   state_dict.h                Python's torch.save'd state dicts, both ways
@@ -48,6 +50,7 @@
 #include "ddp/error.h"
 #include "ddp/flight_recorder.h"
 #include "ddp/fully_shard.h"
+#include "ddp/sharded_checkpoint.h"
 #include "ddp/grad_scaler.h"
 #include "ddp/join.h"
 #include "ddp/logging.h"

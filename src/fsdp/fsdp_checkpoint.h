@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ddp/fully_shard.h"
+#include "fsdp/shard_layout.h"
 
 namespace ddp::detail {
 
@@ -23,5 +24,23 @@ FullyShardUnit* checkpoint_root(const torch::nn::Module& model, const char* what
 // expanded; read only its shape), each buffer itself. For checking a
 // checkpoint against the model before anything is gathered or loaded.
 std::vector<std::pair<std::string, at::Tensor>> full_shape_state(FullyShardUnit& root);
+
+// For sharded checkpoints (src/checkpoint/sharded_checkpoint.cc): root's
+// parameters in named_parameters() order, each with this rank's shard (a
+// view the optimizer steps) and its layout, the tree resharded first.
+// Throws InvalidArgument when the tree's units do not all shard over
+// groups of one size and rank (their rows would not line up).
+struct ShardedParam {
+  std::string name;
+  at::Tensor shard;
+  ParamShard layout;
+};
+std::vector<ShardedParam> sharded_params(FullyShardUnit& root);
+// The layout of each of the optimizer's parameters (groups flattened, in
+// order); nullopt for a tensor root's tree does not shard.
+std::vector<std::optional<ParamShard>> optimizer_layouts(FullyShardUnit& root,
+                                                         const torch::optim::Optimizer& optimizer);
+// The group root's tree shards over.
+ProcessGroupPtr tree_group(FullyShardUnit& root);
 
 }  // namespace ddp::detail

@@ -178,6 +178,43 @@ FullyShardUnit* checkpoint_root(const torch::nn::Module& model, const char* what
   return nullptr;
 }
 
+std::vector<ShardedParam> sharded_params(FullyShardUnit& root) {
+  FsdpUnit& s = sharded_root(root, "sharded checkpoint");
+  for (const auto& w : s.tree()->units) {
+    auto u = w.lock();
+    if (u->group()->size() != s.group()->size() || u->group()->rank() != s.group()->rank()) {
+      throw InvalidArgument(fmt::format(
+          "sharded checkpoint: unit {} shards over a group of {} ranks (this rank {}), the "
+          "root over {} (rank {}): a sharded checkpoint needs one group for the whole tree; "
+          "use save_checkpoint (full state)",
+          u->name(), u->group()->size(), u->group()->rank(), s.group()->size(),
+          s.group()->rank()));
+    }
+  }
+  s.tree()->reshard_all();
+  const ParamIndex index = param_index(s);
+  std::vector<ShardedParam> out;
+  for (const auto& item : root.unit_module().named_parameters(/*recurse=*/true)) {
+    auto [unit, i] = index.at(item.value().unsafeGetTensorImpl());
+    const FsdpParam& p = unit->params()[i];
+    out.push_back({item.key(), p.shard, p.layout});
+  }
+  return out;
+}
+
+std::vector<std::optional<ParamShard>> optimizer_layouts(FullyShardUnit& root,
+                                                         const torch::optim::Optimizer& optimizer) {
+  std::vector<std::optional<ParamShard>> out;
+  for (const FsdpParam* p : placed_params(sharded_root(root, "sharded checkpoint"), optimizer)) {
+    out.push_back(p ? std::optional<ParamShard>(p->layout) : std::nullopt);
+  }
+  return out;
+}
+
+ProcessGroupPtr tree_group(FullyShardUnit& root) {
+  return sharded_root(root, "sharded checkpoint").group();
+}
+
 std::vector<std::pair<std::string, at::Tensor>> full_shape_state(FullyShardUnit& root) {
   FsdpUnit& s = sharded_root(root, "full_shape_state");
   const ParamIndex index = param_index(s);

@@ -220,6 +220,14 @@ struct FsdpTree {
   void reshard_all();  // and forget expected post-backwards
 };
 
+// Note [Shard and full in one parameter]'s mechanics (fsdp_gather.cc): the
+// full tensor's bytes allocated and released under its one StorageImpl; the
+// stand-in version counter put aside and the real one restored.
+void allocate_storage(const at::Tensor& t);
+void release_storage(const at::Tensor& t);
+void put_version_aside(FsdpParam& p);
+void restore_version(FsdpParam& p);
+
 // root's sharding state; InvalidArgument naming `what` (the public
 // function) when root is not sharded.
 FsdpUnit& sharded_root(FullyShardUnit& root, const char* what);
