@@ -4,10 +4,8 @@
 // one process unsharded, to the values of one process that never stopped;
 // a checkpoint of the unsharded model continues sharded; errors.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <torch/torch.h>
 
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,6 +16,7 @@
 #include "ddp/fully_shard.h"
 #include "support/expect_error.h"
 #include "support/fsdp_net.h"
+#include "support/temp_dir.h"
 #include "support/thread_world.h"
 
 namespace ddp::testing {
@@ -29,28 +28,13 @@ using fsdp_net::initial_values;
 using fsdp_net::model_like;
 using fsdp_net::Net;
 using fsdp_net::shard;
+using fsdp_net::train_steps;
 
 constexpr int kSteps = 4;
 
-std::string make_temp_dir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "fsdp-ckpt-XXXXXX").string();
-  return ::mkdtemp(tmpl.data());
-}
-void remove_tree(const std::string& dir) { std::filesystem::remove_all(dir); }
 
 std::unique_ptr<optim::Adam> adam(const Net& net) {
   return std::make_unique<optim::Adam>(net->parameters(), optim::AdamOptions(0.01));
-}
-
-// Steps [from, to) of the global batches, as rank `rank` of `world`
-// (world 1 and an unsharded net: one process on the whole batch).
-void train(Net& net, optim::Optimizer& opt, int from, int to, int rank, int world) {
-  for (int step = from; step < to; ++step) {
-    opt.zero_grad();
-    auto [x, y] = batch(step * 10, rank, world);
-    torch::mse_loss(net(x), y).backward();
-    opt.step();
-  }
 }
 
 std::map<std::string, at::Tensor> values(const torch::OrderedDict<std::string, at::Tensor>& d) {
@@ -92,21 +76,21 @@ std::vector<at::Tensor> moments(const OptimizerState& s) {
 std::map<std::string, at::Tensor> uninterrupted() {
   Net net = model_like(initial_values());
   auto opt = adam(net);
-  train(net, *opt, 0, kSteps, 0, 1);
+  train_steps(net, *opt, 0, kSteps, 0, 1);
   return values(net);
 }
 
 TEST(FullyShardCheckpoint, FullOptimizerStateEqualsTheUnshardedOptimizers) {
   Net single = model_like(initial_values());
   auto single_opt = adam(single);
-  train(single, *single_opt, 0, 2, 0, 1);
+  train_steps(single, *single_opt, 0, 2, 0, 1);
   const Checkpoint saved = capture_checkpoint(*single, single_opt.get(), 0, 2);
   const std::vector<at::Tensor> want = moments(*saved.optimizer);
   run_ranks(3, [&](int rank) {
     Net net = model_like(initial_values());
     shard(net);
     auto opt = adam(net);
-    train(net, *opt, 0, 2, rank, 3);
+    train_steps(net, *opt, 0, 2, rank, 3);
     const std::vector<at::Tensor> got = moments(full_optimizer_state_dict(*net, *opt));
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) {
@@ -121,12 +105,13 @@ TEST(FullyShardCheckpoint, FullOptimizerStateEqualsTheUnshardedOptimizers) {
 // ends (the shards of the moments were cut anew, the step counts kept).
 TEST(FullyShardCheckpoint, ContinuesOnAnyWorldSizeShardedOrNot) {
   const auto want = uninterrupted();
-  const std::string dir = make_temp_dir();
+  const TempDir tmp("fsdp-ckpt");
+  const std::string dir = tmp.path();
   run_ranks(2, [&](int rank) {
     Net net = model_like(initial_values());
     shard(net);
     auto opt = adam(net);
-    train(net, *opt, 0, 2, rank, 2);
+    train_steps(net, *opt, 0, 2, rank, 2);
     save_checkpoint(dir, *net, opt.get(), 0, 2);
   });
   run_ranks(3, [&](int rank) {
@@ -136,7 +121,7 @@ TEST(FullyShardCheckpoint, ContinuesOnAnyWorldSizeShardedOrNot) {
     auto ckpt = load_latest_checkpoint(dir);
     ASSERT_TRUE(ckpt.has_value());
     restore_checkpoint(*ckpt, *net, opt.get());
-    train(net, *opt, 2, kSteps, rank, 3);
+    train_steps(net, *opt, 2, kSteps, rank, 3);
     expect_close(values(full_state_dict(*net)), want, "3 ranks, rank " + std::to_string(rank));
   });
   Net plain = model_like(initial_values());
@@ -144,29 +129,29 @@ TEST(FullyShardCheckpoint, ContinuesOnAnyWorldSizeShardedOrNot) {
   const Checkpoint ckpt = load_checkpoint(*latest_checkpoint_path(dir));
   EXPECT_EQ(ckpt.model.find("b1.fc1.weight")->sizes(), plain->b1->fc1->weight.sizes());
   restore_checkpoint(ckpt, *plain, opt.get());
-  train(plain, *opt, 2, kSteps, 0, 1);
+  train_steps(plain, *opt, 2, kSteps, 0, 1);
   expect_close(values(plain), want, "one process");
-  remove_tree(dir);
 }
 
 TEST(FullyShardCheckpoint, AnUnshardedCheckpointContinuesSharded) {
   const auto want = uninterrupted();
   Net plain = model_like(initial_values());
   auto plain_opt = adam(plain);
-  train(plain, *plain_opt, 0, 1, 0, 1);
+  train_steps(plain, *plain_opt, 0, 1, 0, 1);
   const Checkpoint saved = capture_checkpoint(*plain, plain_opt.get(), 0, 1);
   run_ranks(4, [&](int rank) {
     Net net = model_like(initial_values());
     shard(net);
     auto opt = adam(net);
     restore_checkpoint(saved, *net, opt.get(), RestoreOptions{true, false, rank});
-    train(net, *opt, 1, kSteps, rank, 4);
+    train_steps(net, *opt, 1, kSteps, rank, 4);
     expect_close(values(full_state_dict(*net)), want, "4 ranks, rank " + std::to_string(rank));
   });
 }
 
 TEST(FullyShardCheckpoint, Errors) {
-  const std::string dir = make_temp_dir();
+  const TempDir tmp("fsdp-ckpt");
+  const std::string dir = tmp.path();
   auto errors = run_ranks_collect(2, [&](int rank) {
     Net net = model_like(initial_values());
     shard(net);
@@ -197,7 +182,6 @@ TEST(FullyShardCheckpoint, Errors) {
     const Checkpoint other = capture_checkpoint(*plain, sgd.get(), 0, 0);
     expect_error([&] { restore_checkpoint(other, *net, opt.get()); }, "of type SGD");
   });
-  remove_tree(dir);
 }
 
 }  // namespace

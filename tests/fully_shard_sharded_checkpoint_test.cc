@@ -5,7 +5,6 @@
 // listed; a missing rank file, a full checkpoint given as an index, and
 // another model are named on every rank.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -19,6 +18,7 @@
 #include "ddp/sharded_checkpoint.h"
 #include "support/expect_error.h"
 #include "support/fsdp_net.h"
+#include "support/temp_dir.h"
 #include "support/thread_world.h"
 
 namespace ddp::testing {
@@ -31,31 +31,14 @@ using fsdp_net::initial_values;
 using fsdp_net::model_like;
 using fsdp_net::Net;
 using fsdp_net::shard;
+using fsdp_net::train_steps;
 
 constexpr int kSteps = 4;
-
-struct TempDir {
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "fsdp-sharded-XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string path;
-};
-
-void train(Net& net, optim::Optimizer& opt, int from, int to, int rank, int world) {
-  for (int step = from; step < to; ++step) {
-    opt.zero_grad();
-    auto [x, y] = batch(step * 10, rank, world);
-    torch::mse_loss(net(x), y).backward();
-    opt.step();
-  }
-}
 
 std::map<std::string, at::Tensor> uninterrupted() {
   Net net = model_like(initial_values());
   optim::Adam opt(net->parameters(), optim::AdamOptions(0.01));
-  train(net, opt, 0, kSteps, 0, 1);
+  train_steps(net, opt, 0, kSteps, 0, 1);
   std::map<std::string, at::Tensor> out;
   for (const auto& kv : net->named_parameters()) out[kv.key()] = kv.value().detach().clone();
   return out;
@@ -68,7 +51,7 @@ std::string save_after_two_steps(const std::string& dir, int keep_last = 0) {
     Net net = model_like(initial_values());
     shard(net);
     optim::Adam opt(net->parameters(), optim::AdamOptions(0.01));
-    train(net, opt, 0, 2, rank, 2);
+    train_steps(net, opt, 0, 2, rank, 2);
     ShardedSaveOptions o;
     o.keep_last = keep_last;
     o.metadata["note"] = "two steps";
@@ -80,13 +63,13 @@ std::string save_after_two_steps(const std::string& dir, int keep_last = 0) {
 
 TEST(ShardedCheckpoint, SavedByTwoRanksContinuesOnThreeAndOnOne) {
   const auto want = uninterrupted();
-  TempDir dir;
-  const std::string index = save_after_two_steps(dir.path);
+  const TempDir dir("fsdp-sharded");
+  const std::string index = save_after_two_steps(dir.path());
   EXPECT_EQ(fs::path(index).filename(), "checkpoint-epoch000000-step000000000002.ddpshards");
-  EXPECT_EQ(latest_sharded_checkpoint_path(dir.path), index);
+  EXPECT_EQ(latest_sharded_checkpoint_path(dir.path()), index);
   // Rank 0's file: 4 of b1.fc1.weight's 7 rows (torch.chunk at W=2).
   const Checkpoint part = load_checkpoint(
-      dir.path + "/checkpoint-epoch000000-step000000000002.shards/rank-0.ddpckpt");
+      dir.path() + "/checkpoint-epoch000000-step000000000002.shards/rank-0.ddpckpt");
   EXPECT_EQ(part.model.find("b1.fc1.weight")->size(0), 4);
   for (int world : {3, 1}) {
     run_ranks(world, [&](int rank) {
@@ -97,7 +80,7 @@ TEST(ShardedCheckpoint, SavedByTwoRanksContinuesOnThreeAndOnOne) {
       EXPECT_EQ(info.step, 2);
       EXPECT_EQ(info.world_size, 2);
       EXPECT_EQ(info.metadata.at("note"), "two steps");
-      train(net, opt, 2, kSteps, rank, world);
+      train_steps(net, opt, 2, kSteps, rank, world);
       for (const auto& kv : full_state_dict(*net)) {
         const at::Tensor& w = want.at(kv.key());
         EXPECT_TRUE(torch::allclose(kv.value(), w, 1e-5, 1e-6))
@@ -109,28 +92,28 @@ TEST(ShardedCheckpoint, SavedByTwoRanksContinuesOnThreeAndOnOne) {
 }
 
 TEST(ShardedCheckpoint, KeepLastPrunesAndASetWithoutItsIndexIsNotListed) {
-  TempDir dir;
+  const TempDir dir("fsdp-sharded");
   run_ranks(2, [&](int rank) {
     Net net = model_like(initial_values());
     shard(net);
     ShardedSaveOptions o;
     o.keep_last = 2;
-    for (int step = 1; step <= 3; ++step) save_sharded_checkpoint(dir.path, *net, nullptr, 0, step, o);
+    for (int step = 1; step <= 3; ++step) save_sharded_checkpoint(dir.path(), *net, nullptr, 0, step, o);
     (void)rank;
   });
-  const std::string stem = dir.path + "/checkpoint-epoch000000-step00000000000";
+  const std::string stem = dir.path() + "/checkpoint-epoch000000-step00000000000";
   EXPECT_FALSE(fs::exists(stem + "1.ddpshards"));
   EXPECT_FALSE(fs::exists(stem + "1.shards"));
   EXPECT_TRUE(fs::exists(stem + "2.shards/rank-1.ddpckpt"));
-  EXPECT_EQ(latest_sharded_checkpoint_path(dir.path), stem + "3.ddpshards");
+  EXPECT_EQ(latest_sharded_checkpoint_path(dir.path()), stem + "3.ddpshards");
   fs::remove(stem + "3.ddpshards");  // as a crash before the index leaves it
-  EXPECT_EQ(latest_sharded_checkpoint_path(dir.path), stem + "2.ddpshards");
+  EXPECT_EQ(latest_sharded_checkpoint_path(dir.path()), stem + "2.ddpshards");
 }
 
 TEST(ShardedCheckpoint, ErrorsAreNamedOnEveryRank) {
-  TempDir dir;
-  const std::string index = save_after_two_steps(dir.path);
-  const std::string shards = dir.path + "/checkpoint-epoch000000-step000000000002.shards";
+  const TempDir dir("fsdp-sharded");
+  const std::string index = save_after_two_steps(dir.path());
+  const std::string shards = dir.path() + "/checkpoint-epoch000000-step000000000002.shards";
   fs::remove(shards + "/rank-1.ddpckpt");
   auto errors = run_ranks_collect(2, [&](int) {
     Net net = model_like(initial_values());
@@ -144,7 +127,7 @@ TEST(ShardedCheckpoint, ErrorsAreNamedOnEveryRank) {
   run_ranks(2, [&](int) {
     Net net = model_like(initial_values());
     shard(net);
-    const std::string full = save_checkpoint(dir.path, *net, nullptr, 0, 0);
+    const std::string full = save_checkpoint(dir.path(), *net, nullptr, 0, 0);
     expect_error([&] { load_sharded_checkpoint(full, *net, nullptr); },
                  "is not the index of a sharded checkpoint");
   });
@@ -158,12 +141,12 @@ struct WideImpl : torch::nn::Module {
 };
 
 TEST(ShardedCheckpoint, AnotherModelIsNamed) {
-  TempDir dir;
+  const TempDir dir("fsdp-sharded");
   std::string index;
   run_ranks(2, [&](int rank) {
     FullyShard<WideImpl> wide;
     fully_shard(wide);
-    const std::string p = save_sharded_checkpoint(dir.path, *wide, nullptr, 0, 0);
+    const std::string p = save_sharded_checkpoint(dir.path(), *wide, nullptr, 0, 0);
     if (rank == 0) index = p;
   });
   run_ranks(2, [&](int) {

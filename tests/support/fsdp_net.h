@@ -83,4 +83,16 @@ inline void shard(Net& net, bool reshard_after_forward = true,
   fully_shard(net, o);
 }
 
+// Optimizer steps [from, to) on the global batches, as rank `rank` of
+// `world` (world 1 with an unsharded net: one process on the whole batch).
+inline void train_steps(Net& net, torch::optim::Optimizer& opt, int from, int to, int rank,
+                        int world) {
+  for (int step = from; step < to; ++step) {
+    opt.zero_grad();
+    auto [x, y] = batch(step * 10, rank, world);
+    torch::mse_loss(net(x), y).backward();
+    opt.step();
+  }
+}
+
 }  // namespace ddp::testing::fsdp_net
