@@ -295,6 +295,8 @@ void load_full_optimizer_state_dict(FullyShardUnit& root, torch::optim::Optimize
 // sharded or not, and torch.load read), and restore_checkpoint loads each
 // rank's rows of them. A model that holds sharded units but is not the
 // sharded root is refused there.
+// For models too big to gather: per-rank sharded checkpoints,
+// ddp/sharded_checkpoint.h.
 
 // torch.nn.utils.clip_grad_norm_ over the sharded gradients: the total norm
 // of the whole model's gradient (an all_reduce of the shards' sums),
