@@ -92,4 +92,31 @@ ProcessGroupPtr new_group(const std::vector<int>& given, const NewGroupOptions& 
 
 bool is_member(const ProcessGroup& group) { return group.rank() >= 0; }
 
+ProcessGroupPtr split_group(const std::vector<std::vector<int>>& split_ranks,
+                            const NewGroupOptions& options) {
+  ProcessGroupPtr parent = options.parent ? options.parent : default_group();
+  if (parent->impl().rank < 0) throw InvalidArgument("split_group: " + parent->impl().not_member);
+  std::vector<int> list_of(parent->size(), -1);
+  for (size_t i = 0; i < split_ranks.size(); ++i) {
+    for (int r : checked_ranks(split_ranks[i], parent->impl())) {
+      if (list_of[r] >= 0 && list_of[r] != static_cast<int>(i)) {
+        throw InvalidArgument(fmt::format(
+            "split_group: rank {} is in split_ranks[{}] and split_ranks[{}]: the subgroups of "
+            "a split are disjoint (use new_group for overlapping ones)",
+            r, list_of[r], i));
+      }
+      list_of[r] = static_cast<int>(i);
+    }
+  }
+  ProcessGroupPtr mine;
+  for (size_t i = 0; i < split_ranks.size(); ++i) {
+    NewGroupOptions o = options;
+    o.parent = parent;
+    if (!options.name.empty()) o.name = fmt::format("{}[{}]", options.name, i);
+    ProcessGroupPtr g = new_group(split_ranks[i], o);
+    if (is_member(*g)) mine = g;
+  }
+  return mine;
+}
+
 }  // namespace ddp

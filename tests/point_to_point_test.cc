@@ -172,6 +172,26 @@ TEST(Subgroup, MembersRenumberedAndReducedAmongThemselves) {
   });
 }
 
+// split_group: disjoint subgroups at once; a rank in none gets null; a rank
+// in two lists is refused on every rank before anything is exchanged.
+TEST(Subgroup, SplitGroupGivesEachRankItsSubgroup) {
+  run_ranks(5, [](int r) {
+    ProcessGroupPtr mine = split_group({{3, 0}, {1, 4}}, {nullptr, std::nullopt, "pairs"});
+    if (r == 2) {
+      EXPECT_EQ(mine, nullptr);
+    } else {
+      ASSERT_NE(mine, nullptr);
+      EXPECT_EQ(mine->size(), 2);
+      EXPECT_EQ(mine->rank(), r == 0 || r == 1 ? 0 : 1);
+      at::Tensor t = at::full({1000}, static_cast<float>(r));
+      all_reduce(t, ReduceOp::SUM, {mine});
+      EXPECT_TRUE(t.equal(at::full({1000}, r == 0 || r == 3 ? 3.0f : 5.0f))) << "rank " << r;
+    }
+    expect_error([&] { split_group({{0, 1}, {1, 2}}); },
+                 "split_group: rank 1 is in split_ranks[0] and split_ranks[1]");
+  });
+}
+
 TEST(Subgroup, ShardingAndPointToPointOnASubgroupOfASubgroup) {
   run_ranks(4, [](int r) {
     ProcessGroupPtr three = new_group({1, 2, 3});

@@ -47,6 +47,16 @@ struct NewGroupOptions {
 // The subgroup of the parent's `ranks` (see above). Collective.
 ProcessGroupPtr new_group(const std::vector<int>& ranks, const NewGroupOptions& options = {});
 
+// torch.distributed.split_group: the parent's ranks split into disjoint
+// subgroups at once, one new_group per list of `split_ranks` in order
+// (every rank of the parent calls it with the same lists). Returns the
+// subgroup this rank is in, or null when no list holds it. options.name, if
+// given, names each subgroup "<name>[i]". Throws InvalidArgument, on every
+// rank before anything is exchanged, for a rank in two lists (naming it and
+// both lists' indices) or a list new_group refuses.
+ProcessGroupPtr split_group(const std::vector<std::vector<int>>& split_ranks,
+                            const NewGroupOptions& options = {});
+
 // Whether this rank is in `group` (false for a non-member's subgroup).
 bool is_member(const ProcessGroup& group);
 
