@@ -73,6 +73,16 @@
 // collectives are ordered on the host).
 //
 // What a user must know:
+//   - shard the root too (fully_shard(net) after its units): parameters
+//     outside every unit are neither sharded nor averaged, so a model whose
+//     root is not sharded trains them on each rank's gradients alone and
+//     the ranks drift apart, silently, as in FSDP2 (a module cannot see its
+//     parent, so nothing can tell at training time); save_checkpoint
+//     refuses such a model;
+//   - an optimizer step taken while the parameters are gathered (a forward
+//     without backward, no reshard) fails on the shapes, but only after
+//     the optimizer updated the state of the parameters it reached first:
+//     reload that state (a checkpoint) rather than continue;
 //   - what the loss needs from a unit must leave its forward as an output
 //     (a tensor kept aside, e.g. an auxiliary loss in a member, reads a
 //     parameter that was resharded: autograd's "modified by an inplace

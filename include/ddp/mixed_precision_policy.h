@@ -33,6 +33,10 @@ struct MixedPrecisionPolicy {
   // Floating-point tensors forward returns are cast to it (a Tensor, a
   // std::vector or std::tuple of them; other output types with an
   // output_dtype: InvalidArgument at the forward). nullopt: left as they are.
+  // Set it on the root (so the loss sees float32): on an inner unit, only
+  // where whatever reads its output casts it (another unit's
+  // cast_forward_inputs); the parent's own layers would see a dtype unlike
+  // their parameters' ("mat1 and mat2 must have the same dtype").
   std::optional<at::ScalarType> output_dtype;
   // Cast forward's floating-point tensor arguments (those passed directly,
   // not inside containers) to param_dtype before the unit's forward.

@@ -145,7 +145,7 @@ TrainConfig parse_args(int argc, char** argv) {
                  "How gradient buckets are communicated: none (the built-in all_reduce), "
                  "allreduce, fp16, bf16 (PyTorch's allreduce_hook, fp16_compress_hook, "
                  "bf16_compress_hook), or powersgd-R (powerSGD_hook of rank R = 1, 2 or 4, "
-                 "compressing from step 10)")
+                 "compressing from step 10); DDP's: not with --fully-shard")
       ->check(CLI::IsMember({"none", "allreduce", "fp16", "bf16", "powersgd-1", "powersgd-2",
                              "powersgd-4"}));
   auto* static_graph =
@@ -153,7 +153,8 @@ TrainConfig parse_args(int argc, char** argv) {
   app.add_flag("--fully-shard", c.fully_shard,
                "Fully sharded data parallel (ddp::fully_shard, PyTorch's FSDP2) instead of "
                "DistributedDataParallel: each rank keeps 1/world_size of the parameters, "
-               "gradients and optimizer state; conv1, conv2, fc1 and fc2 are units")
+               "gradients and optimizer state; conv1, conv2, fc1 and fc2 are units. Not with "
+               "DDP's --comm-hook, --static-graph or --find-unused-parameters")
       ->excludes(unused)
       ->excludes(static_graph);
   app.add_flag("--sync-bn", c.sync_bn,
