@@ -14,6 +14,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import tempfile
 
 LINE = re.compile(r"epoch (\d+) step (\d+): loss ([0-9.]+)")
 
@@ -40,8 +41,9 @@ def main():
         return 77
     script = pathlib.Path(__file__).with_name("porting.py")
     cpp = losses([args.ddprun, "--standalone", "--nproc-per-node", "2", args.binary])
-    py = losses([args.python, "-m", "torch.distributed.run", "--standalone",
-                 "--nproc-per-node", "2", str(script)])
+    with tempfile.TemporaryDirectory(prefix="ddp-porting-") as logs:  # not in TMPDIR
+        py = losses([args.python, "-m", "torch.distributed.run", "--standalone",
+                     "--nproc-per-node", "2", "--log_dir", logs, str(script)])
     problems = []
     if not cpp:
         problems.append("porting.cc printed no 'epoch E step S: loss X' line")

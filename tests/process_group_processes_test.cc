@@ -327,7 +327,9 @@ bool python_torchrun_available() { return ddp::testing::oracle_configured(); }
 ChildResult run_torchrun(const std::vector<std::string>& rdzv_flags,
                          const std::vector<std::string>& program, const TempDir& dir) {
   std::vector<std::string> argv = {ddp::testing::oracle_python(), "-m", "torch.distributed.run",
-                                   "--nproc_per_node", "2", "-r", "2", "-t", "2"};
+                                   "--nproc_per_node", "2", "-r", "2", "-t", "2",
+                                   // Not a torchelastic_* directory left in TMPDIR.
+                                   "--log_dir", dir.path() + "/torchrun-logs"};
   argv.insert(argv.end(), rdzv_flags.begin(), rdzv_flags.end());
   argv.push_back("--no_python");
   argv.insert(argv.end(), program.begin(), program.end());
