@@ -77,6 +77,27 @@ endforeach()
 message(STATUS "libtorch ${DDP_TORCH_VERSION} in ${TORCH_INSTALL_PREFIX}")
 ddp_cuda_after_torch()  # DDP_CUDA, DDP_CUDA_INCLUDE_DIRS, DDP_WITH_NCCL
 
+# --- libstdc++ ahead of libtorch ---------------------------------------------
+# Note [remove_all and libtorch 2.11] (src/compat/filesystem_compat.h):
+# PyTorch 2.11's libtorch.so exports std::filesystem functions whose
+# remove_all jumps to address 0 (pytorch#133437). A program that loads
+# libstdc++ before libtorch binds those names to libstdc++'s own, so where
+# libtorch exports them, every program linked with ddp::ddp (ddp's tools and
+# tests, and the user's) names libstdc++ first (DDP_LIBSTDCXX_FIRST, used
+# in src/CMakeLists.txt). ddp's own code does not rely on it: it never calls
+# remove_all.
+set(DDP_LIBSTDCXX_FIRST OFF)
+set(_ddp_libtorch "${TORCH_INSTALL_PREFIX}/lib/libtorch.so")
+if(CMAKE_NM AND EXISTS "${_ddp_libtorch}" AND CMAKE_CXX_COMPILER_ID MATCHES "^(GNU|Clang)$")
+  execute_process(COMMAND "${CMAKE_NM}" -D --defined-only "${_ddp_libtorch}"
+                  OUTPUT_VARIABLE _ddp_torch_syms ERROR_QUIET RESULT_VARIABLE _ddp_nm_rc)
+  if(_ddp_nm_rc EQUAL 0 AND _ddp_torch_syms MATCHES "_ZNSt10filesystem10remove_all")
+    set(DDP_LIBSTDCXX_FIRST ON)
+    message(STATUS "libtorch: ${_ddp_libtorch} exports std::filesystem::remove_all, which "
+                   "crashes (pytorch#133437); programs linked with ddp::ddp load libstdc++ first")
+  endif()
+endif()
+
 # --- fmt ---------------------------------------------------------------------
 # libtorch 2.x ships fmt's headers (fmt 12 in 2.13) in its include directory,
 # and c10d's own headers include them. That directory comes before

@@ -20,6 +20,7 @@
 
 #include "checkpoint_files.h"
 #include "checkpoint_format.h"
+#include "compat/filesystem_compat.h"
 #include "ddp/collectives.h"
 #include "ddp/error.h"
 #include "error_signs.h"
@@ -122,7 +123,7 @@ std::string shards_dir_of(const std::string& index_path) {
 
 void remove_sharded(const std::string& index_path) {
   fs::remove(index_path);
-  fs::remove_all(shards_dir_of(index_path));
+  compat::remove_tree(shards_dir_of(index_path));  // Note [remove_all and libtorch 2.11]
 }
 
 // This rank's part: its shards, the buffers, its optimizer state and RNG.

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "compat/filesystem_compat.h"
+
 namespace ddp::flight {
 
 // "$XDG_STATE_HOME/ddp/flight" (an absolute XDG_STATE_HOME), else
@@ -46,7 +48,8 @@ inline void prune_records_home(std::size_t keep = kKeptRecordDirs) {
   }
   if (dirs.size() <= keep) return;
   std::sort(dirs.begin(), dirs.end());  // oldest first
-  for (std::size_t i = 0; i + keep < dirs.size(); ++i) fs::remove_all(dirs[i].second, ec);
+  // Not fs::remove_all: Note [remove_all and libtorch 2.11].
+  for (std::size_t i = 0; i + keep < dirs.size(); ++i) compat::remove_tree(dirs[i].second, ec);
 }
 
 }  // namespace ddp::flight

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "compat/filesystem_compat.h"
+
 namespace ddp::testing {
 
 class TempDir {
@@ -21,7 +23,7 @@ class TempDir {
   }
   ~TempDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    compat::remove_tree(path_, ec);  // Note [remove_all and libtorch 2.11]
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
