@@ -33,9 +33,11 @@
 # -DCMAKE_IGNORE_PREFIX_PATH=/usr, so that CMake finds nothing of Debian's
 # and everything in build-gpu-deps/).
 #
-# Checked here (no GPU): the build half against PyTorch 2.14.1 for CUDA 13.
-# Ran once on an H200 with PyTorch 2.11 (2026-12-04): what it found is in
-# docs/compat.md ("On a GPU"), its benchmark in BENCHMARKS.md.
+# Checked here (no GPU): the build half against PyTorch 2.14.1 for CUDA 13,
+# and (2026-12-06, 387 s on 2 cores) against PyTorch 2.11.0, the GPU
+# machine's version. Ran once on an H200 with PyTorch 2.11 (2026-12-04):
+# what it found is in docs/compat.md ("On a GPU": a crash, since explained
+# and fixed there), its benchmark in BENCHMARKS.md.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 DEPS=$REPO/build-gpu-deps
@@ -147,6 +149,12 @@ phase build "${DDP_GPU_CHECK_BUILD_LIMIT:-270}" "$RESULTS/build.log" \
 # Which CUDA libraries the tests load, and from where (the toolkit's or the
 # wheel's): in the tarball, for reading a crash.
 ldd "$BUILD/tests/gpu_test" >"$RESULTS/ldd.txt" 2>&1
+# Note [remove_all and libtorch 2.11]: what crashed the last run on a GPU.
+# No binary built here calls std::filesystem::remove_all, and where this
+# libtorch exports it, the tests load libstdc++ before libtorch.
+bash "$REPO/tests/compat/no_remove_all.sh" "$BUILD" 2>&1 | tee -a "$SUMMARY"
+needed=$(readelf -d "$BUILD/tests/gpu_test" 2>/dev/null | grep -oE 'lib(stdc\+\+|torch)\.so[^]]*' | tr '\n' ' ')
+say "gpu_test's first libraries: ${needed:-unknown (no readelf)}"
 if [ "${DDP_GPU_CHECK_BUILD_ONLY:-0}" = 1 ]; then
   say "built in $((SECONDS - T0)) s; DDP_GPU_CHECK_BUILD_ONLY=1: no tests, no benchmark"
   exit 0
