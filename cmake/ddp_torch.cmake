@@ -79,23 +79,32 @@ ddp_cuda_after_torch()  # DDP_CUDA, DDP_CUDA_INCLUDE_DIRS, DDP_WITH_NCCL
 
 # --- libstdc++ ahead of libtorch ---------------------------------------------
 # Note [remove_all and libtorch 2.11] (src/compat/filesystem_compat.h):
-# PyTorch 2.11's libtorch.so exports std::filesystem functions whose
-# remove_all jumps to address 0 (pytorch#133437). A program that loads
-# libstdc++ before libtorch binds those names to libstdc++'s own, so where
-# libtorch exports them, every program linked with ddp::ddp (ddp's tools and
-# tests, and the user's) names libstdc++ first (DDP_LIBSTDCXX_FIRST, used
-# in src/CMakeLists.txt). ddp's own code does not rely on it: it never calls
+# PyTorch 2.11's libtorch.so exports a copy of std::filesystem::remove_all
+# that calls recursive_directory_iterator::__erase through a weak reference,
+# null where the system's libstdc++ lacks it: the call jumps to address 0
+# (pytorch#133437). A program that loads libstdc++ before libtorch binds the
+# name to libstdc++'s own, so where one of libtorch's libraries exports
+# remove_all together with that weak reference, every program linked with
+# ddp::ddp (ddp's tools and tests, and the user's) names libstdc++ first
+# (DDP_LIBSTDCXX_FIRST, used in src/CMakeLists.txt). The copies without the
+# weak reference (2.13's and 2.14's libtorch_cpu.so) make no such call and
+# change nothing. ddp's own code does not rely on this: it never calls
 # remove_all.
 set(DDP_LIBSTDCXX_FIRST OFF)
-set(_ddp_libtorch "${TORCH_INSTALL_PREFIX}/lib/libtorch.so")
-if(CMAKE_NM AND EXISTS "${_ddp_libtorch}" AND CMAKE_CXX_COMPILER_ID MATCHES "^(GNU|Clang)$")
-  execute_process(COMMAND "${CMAKE_NM}" -D --defined-only "${_ddp_libtorch}"
-                  OUTPUT_VARIABLE _ddp_torch_syms ERROR_QUIET RESULT_VARIABLE _ddp_nm_rc)
-  if(_ddp_nm_rc EQUAL 0 AND _ddp_torch_syms MATCHES "_ZNSt10filesystem10remove_all")
-    set(DDP_LIBSTDCXX_FIRST ON)
-    message(STATUS "libtorch: ${_ddp_libtorch} exports std::filesystem::remove_all, which "
-                   "crashes (pytorch#133437); programs linked with ddp::ddp load libstdc++ first")
-  endif()
+find_program(DDP_GREP grep)
+if(CMAKE_NM AND DDP_GREP AND CMAKE_CXX_COMPILER_ID MATCHES "^(GNU|Clang)$")
+  file(GLOB _ddp_torch_libs "${TORCH_INSTALL_PREFIX}/lib/libtorch*.so"
+                            "${TORCH_INSTALL_PREFIX}/lib/libc10*.so")
+  foreach(_ddp_lib IN LISTS _ddp_torch_libs)
+    execute_process(COMMAND "${CMAKE_NM}" -D "${_ddp_lib}"
+                    COMMAND "${DDP_GREP}" -E " [TW] _ZNSt10filesystem10remove_all| [wv] _ZNSt10filesystem.*recursive_directory_iterator7__erase"
+                    OUTPUT_VARIABLE _ddp_syms ERROR_QUIET)
+    if(_ddp_syms MATCHES " [TW] _ZNSt10filesystem10remove_all" AND _ddp_syms MATCHES " [wv] _ZNSt10filesystem")
+      set(DDP_LIBSTDCXX_FIRST ON)
+      message(STATUS "libtorch: ${_ddp_lib} exports a std::filesystem::remove_all that can jump "
+                     "to address 0 (pytorch#133437); programs linked with ddp::ddp load libstdc++ first")
+    endif()
+  endforeach()
 endif()
 
 # --- fmt ---------------------------------------------------------------------

@@ -1,7 +1,7 @@
 #include "compat/filesystem_compat.h"
 
 #include <cerrno>
-#include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include <dirent.h>
@@ -20,9 +20,31 @@ struct Removal {
   }
 };
 
+void remove_at(int dir_fd, const char* name, Removal& r);
+
+bool dot_or_dot_dot(const char* name) {
+  return std::strcmp(name, ".") == 0 || std::strcmp(name, "..") == 0;
+}
+
+// Removes a directory's entries, `dir` open on it. An error reading it is
+// kept (the directory's own removal would only say ENOTEMPTY).
+void remove_entries(DIR* dir, Removal& r) {
+  for (;;) {
+    errno = 0;
+    const dirent* e = ::readdir(dir);
+    if (e == nullptr) {
+      if (errno != 0) r.fail(errno);
+      return;
+    }
+    if (!dot_or_dot_dot(e->d_name)) remove_at(::dirfd(dir), e->d_name, r);
+  }
+}
+
 // Removes what `name` names in the directory `dir_fd` (AT_FDCWD at the top):
-// a directory's entries first, through file descriptors, so a tree deeper
-// than PATH_MAX or renamed meanwhile is still walked inside itself.
+// a directory's entries first, through file descriptors relative to it, so
+// a directory renamed meanwhile is still walked inside itself (one open
+// descriptor per level: a tree deeper than RLIMIT_NOFILE fails with EMFILE).
+// A name gone meanwhile (another remover) is no error.
 void remove_at(int dir_fd, const char* name, Removal& r) {
   struct stat st {};
   if (::fstatat(dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
@@ -32,7 +54,7 @@ void remove_at(int dir_fd, const char* name, Removal& r) {
   if (S_ISDIR(st.st_mode)) {
     const int fd = ::openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
-      r.fail(errno);
+      if (errno != ENOENT) r.fail(errno);
       return;
     }
     DIR* dir = ::fdopendir(fd);  // owns fd from here
@@ -41,11 +63,7 @@ void remove_at(int dir_fd, const char* name, Removal& r) {
       ::close(fd);
       return;
     }
-    while (const dirent* e = ::readdir(dir)) {
-      const std::string entry = e->d_name;
-      if (entry == "." || entry == "..") continue;
-      remove_at(::dirfd(dir), entry.c_str(), r);
-    }
+    remove_entries(dir, r);
     ::closedir(dir);
   }
   if (::unlinkat(dir_fd, name, S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) == 0) {

@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fmt/format.h>
-#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "compat/filesystem_compat.h"
 #include "ddp/error.h"
 #include "launcher/group_support.h"
 #include "launcher/relay.h"
@@ -23,12 +23,11 @@ namespace {
 constexpr const char* kOwnerFile = "ddprun.owner";
 constexpr const char* kPrefix = "ddprun_";
 
-int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
-  return ::remove(path);
-}
-
+// Best effort: a run directory that cannot be removed whole is left for
+// remove_stale_run_dirs of a later run.
 void remove_tree(const std::string& path) {
-  nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  std::error_code ec;
+  compat::remove_tree(path, ec);
 }
 
 // The start time of `pid` in clock ticks since boot (/proc/PID/stat, field

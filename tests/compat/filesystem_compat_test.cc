@@ -49,6 +49,18 @@ TEST(RemoveTree, RemovesALinkNotWhatItPointsTo) {
   EXPECT_EQ(remove_tree(outside), 2u);
 }
 
+TEST(RemoveTree, ALinkToADirectoryGivenAsThePathIsRemovedNotFollowed) {
+  const std::string root = fresh_dir(), target = fresh_dir();
+  std::ofstream(target + "/keep") << "z";
+  const std::string link = root + "/link";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  EXPECT_EQ(remove_tree(link), 1u);
+  EXPECT_FALSE(exists(link));
+  EXPECT_TRUE(exists(target + "/keep"));
+  EXPECT_EQ(remove_tree(root), 1u);
+  EXPECT_EQ(remove_tree(target), 2u);
+}
+
 TEST(RemoveTree, AMissingPathIsNoErrorAndAFileIsRemoved) {
   const std::string root = fresh_dir();
   std::error_code ec;

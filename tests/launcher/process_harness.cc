@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -20,6 +19,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+
+#include "compat/filesystem_compat.h"
 
 extern char** environ;
 
@@ -215,8 +216,8 @@ std::string make_temp_dir() {
 }
 
 void remove_tree(const std::string& path) {
-  nftw(path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return remove(p); },
-       16, FTW_DEPTH | FTW_PHYS);
+  std::error_code ec;
+  compat::remove_tree(path, ec);
 }
 
 bool wait_for_file(const std::string& path, double timeout_s) {
