@@ -29,16 +29,36 @@ cd "$(dirname "$0")/.."
 
 jobs=${DDP_TEST_JOBS:-2}
 status=0
+summary=()  # a line per build, printed last: CI shows a run's tail only
+
+# Adds <build>'s result to the summary, naming the tests that failed.
+note_result() {  # <DDP_TORCH> <build dir> <what> <seconds>
+  local line="libtorch '$1' ($2): $3 after $4 s"
+  local failed="$2/Testing/Temporary/LastTestsFailed.log"
+  if [ "$3" != "passed" ] && [ -s "$failed" ]; then
+    line+="; failed: $(cut -d: -f2- "$failed" | head -20 | paste -sd' ')"
+  fi
+  summary+=("$line")
+}
 
 run_suite() {  # <DDP_TORCH> <build dir> [ctest args...]
   local torch=$1 build=$2; shift 2
   local t0=$SECONDS
   echo "test.sh: libtorch '$torch': set-up and build in $build"
-  DDP_TORCH=$torch DDP_BUILD_DIR=$build bash scripts/setup.sh || return 1
+  if ! DDP_TORCH=$torch DDP_BUILD_DIR=$build bash scripts/setup.sh; then
+    note_result "$torch" "$build" "set-up or build FAILED" $((SECONDS - t0))
+    return 1
+  fi
   echo "test.sh: libtorch '$torch': build done after $((SECONDS - t0)) s"
+  rm -f "$build/Testing/Temporary/LastTestsFailed.log"
   ctest --test-dir "$build" --output-on-failure -j "$jobs" "$@"
   local rc=$?
   echo "test.sh: libtorch '$torch': done after $((SECONDS - t0)) s (ctest exit $rc)"
+  if [ $rc -eq 0 ]; then
+    note_result "$torch" "$build" "passed" $((SECONDS - t0))
+  else
+    note_result "$torch" "$build" "tests FAILED (ctest exit $rc)" $((SECONDS - t0))
+  fi
   return $rc
 }
 
@@ -55,7 +75,9 @@ run_subset() {  # <DDP_TORCH> <build dir> <suites...>
 if [ -n "${DDP_TORCH:-}" ]; then
   case $DDP_TORCH in pip) d=build ;; *) d=build-$DDP_TORCH ;; esac
   run_suite "$DDP_TORCH" "${DDP_BUILD_DIR:-$d}" "$@"
-  exit $?
+  status=$?
+  printf 'test.sh: %s\n' "${summary[@]}"
+  exit $status
 fi
 
 have_nvcc() {
@@ -91,4 +113,6 @@ if [ "${DDP_SKIP_SUBSETS:-0}" != 1 ] && [ $# -eq 0 ]; then
     run_subset debian build-debian $core collectives_sharding_test fully_shard_test || status=1
   fi
 fi
+echo "test.sh: summary ($((SECONDS / 60)) min in all):"
+printf 'test.sh:   %s\n' "${summary[@]}"
 exit $status
