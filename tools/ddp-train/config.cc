@@ -128,7 +128,7 @@ TrainConfig parse_args(int argc, char** argv) {
       ->check(integer_at_least(0));
   app.add_option("--out-dir", c.out_dir, "Where rank 0 writes metrics.jsonl and the plot");
   app.add_option("--checkpoint-dir", c.checkpoint_dir,
-                 "Checkpoints, one per epoch (default: <out-dir>/checkpoints)");
+                 "Checkpoints, one per epoch, the last 3 kept (default: <out-dir>/checkpoints)");
   auto* resume = app.add_flag("--resume", c.resume,
                               "Continue the run in --out-dir from its latest checkpoint, if any "
                               "(with that run's flags: they are checked)");
